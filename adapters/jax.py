@@ -1,0 +1,1 @@
+"""JAX adapter (planned: issue 6)."""

@@ -1,0 +1,1 @@
+"""PyTorch adapter (planned: issue 5)."""
