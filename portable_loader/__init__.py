@@ -1,6 +1,25 @@
-"""portable_loader: deterministic, resumable LLM data loading for JAX and PyTorch trainers."""
+"""portable_loader: deterministic, resumable LLM data loading for JAX and PyTorch trainers.
 
+Example:
+    >>> import portable_loader as pl
+    >>> s = pl.LCGSampler(num_records=100, seed=0)
+    >>> path = pl.precache("train.jsonl", tokenizer="tok/", format="text", out="cache/")  # doctest: +SKIP
+    >>> src = pl.open_cache(path)                                                         # doctest: +SKIP
+"""
+
+from portable_loader.cache import open_cache
+from portable_loader.errors import BadRowError, CacheError, InputError, PortableLoaderError, TokenizerError
+from portable_loader.precache import precache
 from portable_loader.sampler import LCGSampler
 
-__all__ = ["LCGSampler"]
+__all__ = [
+    "BadRowError",
+    "CacheError",
+    "InputError",
+    "LCGSampler",
+    "PortableLoaderError",
+    "TokenizerError",
+    "open_cache",
+    "precache",
+]
 __version__ = "0.1.0"

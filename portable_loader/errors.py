@@ -1,0 +1,42 @@
+"""The errors users see. Each one names what it is about (file, row, field) in its message."""
+
+from __future__ import annotations
+
+
+class PortableLoaderError(ValueError):
+    """Base class: a problem with the user's input, tokenizer, cache or state, never an internal bug."""
+
+
+class InputError(PortableLoaderError):
+    """The input cannot be read or is empty.
+
+    Example:
+        >>> raise InputError("data.jsonl: no rows")
+        Traceback (most recent call last):
+        portable_loader.errors.InputError: data.jsonl: no rows
+    """
+
+
+class BadRowError(PortableLoaderError):
+    """One row is malformed: the message names the file, row (or line) and field.
+
+    Example:
+        >>> str(BadRowError("train.jsonl", "line 3", "output", "missing"))
+        'train.jsonl: line 3: field output: missing'
+    """
+
+    def __init__(self, path: str, where: str, field: str | None, problem: str):
+        self.path, self.where, self.field, self.problem = path, where, field, problem
+        field_txt = f"field {field}: " if field else ""
+        super().__init__(f"{path}: {where}: {field_txt}{problem}")
+
+    def __reduce__(self):  # survives the trip from a worker process
+        return (type(self), (self.path, self.where, self.field, self.problem))
+
+
+class TokenizerError(PortableLoaderError):
+    """The tokenizer cannot be loaded or lacks what the format needs (EOS, a chat template)."""
+
+
+class CacheError(PortableLoaderError):
+    """A cache that is missing, incomplete, corrupted or of another format version: never served."""

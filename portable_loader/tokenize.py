@@ -1,0 +1,370 @@
+"""Slice tokenizer: render rows of the ``text``, ``alpaca`` and ``chat`` formats, tokenize, build loss masks.
+
+Every format renders a row to one string plus the character spans that are trained on; the whole
+string is tokenized once (so ids equal the tokenizer's own output for the rendered text), and a token
+is trained when it *starts* inside a trained span. This needs no ``{% generation %}`` block in the
+chat template: assistant contents are located in the rendered conversation, and each span is
+extended over the special token that ends the turn (``<|end|>``, ``<|im_end|>``, ``</s>``, ...).
+
+Formats (field names are renameable with ``fields={"instruction": "question", ...}``):
+
+* ``text``: field ``text``; EOS appended; loss on every token.
+* ``alpaca``: ``instruction``, optional ``input``, ``output``, rendered with ``ALPACA_PROMPT`` (or
+  ``ALPACA_PROMPT_NO_INPUT``); loss on the output and the appended EOS only.
+* ``chat``: ``messages`` (role/content) or ShareGPT ``conversations`` (from/value, human/gpt mapped),
+  rendered with the tokenizer's chat template; loss on assistant contents and their end-of-turn token.
+
+Example:
+    >>> tok = load_tokenizer("../shared/data/tokenizers/phi-3-mini")       # doctest: +SKIP
+    >>> fmt = Formatter("alpaca", tok, max_length=2048)                     # doctest: +SKIP
+    >>> ids, mask = fmt.encode([{"instruction": "Say hi", "output": "hi"}])[0]  # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from typing import Any, Callable, Sequence
+
+import numpy as np
+
+from portable_loader.errors import BadRowError, TokenizerError
+
+__all__ = [
+    "ALPACA_PROMPT",
+    "ALPACA_PROMPT_NO_INPUT",
+    "DEFAULT_CHAT_TEMPLATE",
+    "FORMATS",
+    "Formatter",
+    "load_tokenizer",
+    "tokenizer_identity",
+]
+
+FORMATS = ("text", "alpaca", "chat")
+
+# The Stanford Alpaca prompt, verbatim.
+ALPACA_PROMPT = (
+    "Below is an instruction that describes a task, paired with an input that provides further context. "
+    "Write a response that appropriately completes the request.\n\n"
+    "### Instruction:\n{instruction}\n\n### Input:\n{input}\n\n### Response:\n"
+)
+ALPACA_PROMPT_NO_INPUT = (
+    "Below is an instruction that describes a task. "
+    "Write a response that appropriately completes the request.\n\n"
+    "### Instruction:\n{instruction}\n\n### Response:\n"
+)
+
+# Used only on request (chat_template="default"), for tokenizers without one (e.g. GPT-2):
+# each turn ends with the EOS token, which the mask then treats as the end-of-turn token.
+DEFAULT_CHAT_TEMPLATE = (
+    "{% for message in messages %}<|{{ message['role'] }}|>\n{{ message['content'] }}{{ eos_token }}\n"
+    "{% endfor %}{% if add_generation_prompt %}<|assistant|>\n{% endif %}"
+)
+
+_TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "added_tokens.json",
+    "vocab.json",
+    "vocab.txt",
+    "merges.txt",
+    "tokenizer.model",
+    "chat_template.jinja",
+    "chat_template.json",
+)
+
+_SHAREGPT_ROLES = {
+    "human": "user",
+    "user": "user",
+    "gpt": "assistant",
+    "assistant": "assistant",
+    "chatgpt": "assistant",
+    "bing": "assistant",
+    "bard": "assistant",
+    "model": "assistant",
+    "system": "system",
+}
+_CHAT_ROLES = ("system", "user", "assistant")
+
+
+def _tokenizer_dir(path: str) -> str:
+    return os.path.dirname(path) if os.path.isfile(path) else path
+
+
+def tokenizer_identity(path: str) -> dict:
+    """sha256 of each tokenizer file in the folder (not model weights): the tokenizer's identity.
+
+    Example:
+        >>> sorted(tokenizer_identity("../shared/data/tokenizers/gpt2"))  # doctest: +SKIP
+        ['tokenizer.json']
+    """
+    from portable_loader.inputs import file_digest
+
+    folder = _tokenizer_dir(path)
+    if not os.path.isdir(folder):
+        raise TokenizerError(f"{path}: no such tokenizer folder")
+    found = {n: file_digest(os.path.join(folder, n)) for n in _TOKENIZER_FILES if os.path.isfile(os.path.join(folder, n))}
+    if not found:
+        raise TokenizerError(f"{path}: no tokenizer files (expected tokenizer.json or tokenizer.model)")
+    return found
+
+
+def load_tokenizer(path: str, chat_template: str | None = None, eos_token: str | None = None):
+    """A fast ``transformers`` tokenizer from a local folder (never a hub), with EOS resolved.
+
+    ``chat_template`` is template text, a file path, or ``"default"`` (``DEFAULT_CHAT_TEMPLATE``).
+    When the tokenizer declares no EOS token, ``eos_token`` names one; failing that, a tokenizer with
+    exactly one special added token (GPT-2's ``<|endoftext|>``) uses it.
+
+    Example:
+        >>> tok = load_tokenizer("../shared/data/tokenizers/gpt2")  # doctest: +SKIP
+        >>> tok.eos_token                                            # doctest: +SKIP
+        '<|endoftext|>'
+    """
+    os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
+    try:
+        from transformers import AutoTokenizer, PreTrainedTokenizerFast
+    except ImportError as e:  # pragma: no cover - the hf extra is missing
+        raise TokenizerError(f"tokenizing needs the 'hf' extra (pip install portable-loader[hf]): {e}") from None
+    try:
+        if os.path.isfile(path):
+            tok = PreTrainedTokenizerFast(tokenizer_file=path)
+        elif os.path.isfile(os.path.join(path, "tokenizer_config.json")):
+            tok = AutoTokenizer.from_pretrained(path, local_files_only=True)
+        else:
+            tok = PreTrainedTokenizerFast(tokenizer_file=os.path.join(path, "tokenizer.json"))
+    except Exception as e:  # transformers raises many types for unreadable folders
+        raise TokenizerError(f"{path}: cannot load tokenizer: {type(e).__name__}: {e}") from None
+    if getattr(tok, "_tokenizer", None) is None:
+        raise TokenizerError(f"{path}: a fast tokenizer (tokenizer.json) is needed")
+    if eos_token is not None:
+        if tok.convert_tokens_to_ids(eos_token) in (None, tok.unk_token_id):
+            raise TokenizerError(f"{path}: eos_token {eos_token!r} is not in the vocabulary")
+        tok.eos_token = eos_token
+    elif tok.eos_token_id is None:
+        special = [t.content for t in tok.added_tokens_decoder.values() if t.special]
+        if len(special) == 1:
+            tok.eos_token = special[0]
+    if chat_template is not None:
+        tok.chat_template = read_template(chat_template)
+    return tok
+
+
+def read_template(template: str) -> str:
+    """The chat template text for ``template``: a file, ``"default"``, or template text itself."""
+    if template == "default":
+        return DEFAULT_CHAT_TEMPLATE
+    if os.path.isfile(template):
+        with open(template, encoding="utf-8") as f:
+            text = f.read()
+        if template.endswith(".json"):
+            import json
+
+            text = json.loads(text).get("chat_template", text)
+        return text
+    if "{%" in template or "{{" in template:
+        return template
+    raise TokenizerError(f"chat template {template!r}: not a file, not 'default', not template text")
+
+
+class Formatter:
+    """Turns rows of one format into ``(input_ids int32, loss_mask uint8)`` pairs.
+
+    ``encode(rows, where)`` returns, per row, either the pair or a string saying why the row was
+    dropped (``"overlong"``, ``"no_target"``, ``"empty"``, ``"bad_row"``); ``truncated`` counts
+    truncations. Malformed rows raise ``BadRowError`` naming the row (``where(i)``) and field, or with
+    ``on_bad_row="skip"`` are dropped as ``"bad_row"``.
+
+    Example:
+        >>> fmt = Formatter("text", load_tokenizer("../shared/data/tokenizers/gpt2"))  # doctest: +SKIP
+        >>> fmt.encode([{"text": "hello"}])                                           # doctest: +SKIP
+        [(array([31373, 50256], dtype=int32), array([1, 1], dtype=uint8))]
+    """
+
+    def __init__(
+        self,
+        fmt: str,
+        tokenizer,
+        *,
+        fields: dict[str, str] | None = None,
+        max_length: int | None = None,
+        overlong: str = "drop",
+        path: str = "<input>",
+        on_bad_row: str = "error",
+    ):
+        if fmt not in FORMATS:
+            raise ValueError(f"format must be one of {FORMATS}, got {fmt!r}")
+        if overlong not in ("drop", "truncate"):
+            raise ValueError(f"overlong must be 'drop' or 'truncate', got {overlong!r}")
+        if max_length is not None and max_length < 2:
+            raise ValueError(f"max_length must be >= 2, got {max_length}")
+        self.fmt, self.tok, self.path = fmt, tokenizer, path
+        self.fields = dict(fields or {})
+        self.max_length, self.overlong, self.on_bad_row = max_length, overlong, on_bad_row
+        self.backend = tokenizer._tokenizer
+        self.eos_id = tokenizer.eos_token_id
+        if fmt in ("text", "alpaca") and self.eos_id is None:
+            raise TokenizerError(
+                f"tokenizer {tokenizer.name_or_path!r} has no EOS token; the {fmt} format appends one "
+                "(set eos_token in tokenizer_config.json or pass --eos-token)"
+            )
+        if fmt == "chat" and not tokenizer.chat_template:
+            raise TokenizerError(
+                f"tokenizer {tokenizer.name_or_path!r} has no chat template: pass --chat-template FILE, "
+                "or --chat-template default for a simple built-in one"
+            )
+        self.truncated = 0
+        self._render: Callable[[dict, Callable[[], str]], tuple[str, list[tuple[int, int]]]] = getattr(
+            self, f"_render_{fmt}"
+        )
+        self._turn_ends = sorted(
+            {t.content for t in tokenizer.added_tokens_decoder.values() if t.special}, key=len, reverse=True
+        )
+
+    # --- rendering: row -> (text, trained character spans) -------------------------------------
+
+    def _field(self, row: dict, name: str, where: Callable[[], str], required: bool = True) -> Any:
+        column = self.fields.get(name, name)
+        if column not in row or row[column] is None:
+            if required:
+                raise BadRowError(self.path, where(), column, "missing")
+            return None
+        return row[column]
+
+    def _text_field(self, row, name, where, required=True) -> str | None:
+        value = self._field(row, name, where, required)
+        if value is not None and not isinstance(value, str):
+            raise BadRowError(self.path, where(), self.fields.get(name, name), f"expected a string, got {type(value).__name__}")
+        return value
+
+    def _render_text(self, row, where):
+        text = self._text_field(row, "text", where)
+        return text, [(0, len(text))]
+
+    def _render_alpaca(self, row, where):
+        instruction = self._text_field(row, "instruction", where)
+        extra = self._text_field(row, "input", where, required=False) or ""
+        output = self._text_field(row, "output", where)
+        template = ALPACA_PROMPT if extra.strip() else ALPACA_PROMPT_NO_INPUT
+        prompt = template.format(instruction=instruction, input=extra)
+        return prompt + output, [(len(prompt), len(prompt) + len(output))]
+
+    def _messages(self, row, where) -> list[dict]:
+        if "messages" in self.fields or "messages" in row:
+            column, role_key, text_key, roles = self.fields.get("messages", "messages"), "role", "content", None
+        elif "conversations" in self.fields or "conversations" in row:
+            column, role_key, text_key, roles = self.fields.get("conversations", "conversations"), "from", "value", _SHAREGPT_ROLES
+        else:
+            raise BadRowError(self.path, where(), "messages", "missing (expected 'messages' or 'conversations')")
+        turns = row.get(column)
+        if not isinstance(turns, list):
+            raise BadRowError(self.path, where(), column, f"expected a list of turns, got {type(turns).__name__}")
+        messages = []
+        for i, turn in enumerate(turns):
+            field = f"{column}[{i}]"
+            if not isinstance(turn, dict):
+                raise BadRowError(self.path, where(), field, f"expected an object, got {type(turn).__name__}")
+            role, content = turn.get(role_key), turn.get(text_key)
+            role = roles.get(role) if roles is not None and isinstance(role, str) else role
+            if role not in _CHAT_ROLES:
+                raise BadRowError(self.path, where(), f"{field}.{role_key}", f"unknown chat role {turn.get(role_key)!r}")
+            if not isinstance(content, str):
+                raise BadRowError(self.path, where(), f"{field}.{text_key}", f"expected a string, got {type(content).__name__}")
+            messages.append({"role": role, "content": content})
+        return messages
+
+    def _render_chat(self, row, where):
+        messages = self._messages(row, where)
+        try:
+            text = self.tok.apply_chat_template(messages, tokenize=False)
+        except Exception as e:  # the template's own raise_exception, or a jinja error
+            raise BadRowError(self.path, where(), "messages", f"chat template failed: {e}") from None
+        spans, cursor = [], 0
+        for m in messages:
+            content = m["content"]
+            if not content:
+                continue
+            start = text.find(content, cursor)
+            if start < 0:
+                raise BadRowError(
+                    self.path, where(), "messages",
+                    f"the chat template does not embed this {m['role']} turn verbatim; cannot place the loss mask",
+                )
+            end = cursor = start + len(content)
+            if m["role"] == "assistant":
+                spans.append((start, self._end_of_turn(text, end)))
+        return text, spans
+
+    def _end_of_turn(self, text: str, end: int) -> int:
+        """Extend a span over the special token that closes the turn (after optional spaces)."""
+        gap = len(text[end : end + 4]) - len(text[end : end + 4].lstrip(" "))
+        for token in self._turn_ends:
+            if text.startswith(token, end + gap):
+                return end + gap + len(token)
+        return end
+
+    # --- tokenizing -----------------------------------------------------------------------------
+
+    def encode(self, rows: Sequence[dict | BadRowError], where: Callable[[int], str] = lambda i: f"row {i}") -> list:
+        texts, spans, out = [], [], [None] * len(rows)
+        for i, row in enumerate(rows):
+            try:
+                if isinstance(row, BadRowError):
+                    raise row
+                if not isinstance(row, dict):
+                    raise BadRowError(self.path, where(i), None, f"expected an object, got {type(row).__name__}")
+                text, row_spans = self._render(row, lambda i=i: where(i))
+            except BadRowError:
+                if self.on_bad_row != "skip":
+                    raise
+                out[i] = "bad_row"
+                continue
+            if self.fmt == "text" and not text.strip():
+                out[i] = "empty"
+                continue
+            if not row_spans:
+                out[i] = "no_target"
+                continue
+            texts.append(text)
+            spans.append((i, row_spans))
+        if not texts:
+            return out
+        encodings = self.backend.encode_batch(texts, add_special_tokens=self.fmt != "chat")
+        for (i, row_spans), enc in zip(spans, encodings):
+            out[i] = self._finish(enc, row_spans)
+        return out
+
+    def _finish(self, enc, row_spans):
+        ids = np.asarray(enc.ids, dtype=np.int32)
+        if self.fmt == "text":
+            mask = np.ones(ids.size, dtype=np.uint8)
+        else:
+            starts = np.fromiter((o[0] for o in enc.offsets), dtype=np.int64, count=ids.size)
+            added = np.asarray(enc.special_tokens_mask, dtype=bool)
+            hit = np.zeros(ids.size, dtype=bool)
+            for s, e in row_spans:
+                hit |= (starts >= s) & (starts < e)
+            mask = (hit & ~added).astype(np.uint8)
+        if self.fmt != "chat":
+            if ids.size and ids[-1] == self.eos_id and enc.special_tokens_mask[-1]:
+                mask[-1] = 1  # the tokenizer's post-processor appended EOS already
+            else:
+                ids = np.append(ids, np.int32(self.eos_id))
+                mask = np.append(mask, np.uint8(1))
+        cut = self.max_length is not None and ids.size > self.max_length
+        if cut:
+            if self.overlong == "drop":
+                return "overlong"
+            ids, mask = ids[: self.max_length], mask[: self.max_length]
+        if not mask.any():
+            return "no_target"
+        self.truncated += cut
+        return ids, mask
+
+
+def config_digest(parts: dict) -> str:
+    """sha256 of a canonical JSON dump: the cache key's building block."""
+    import json
+
+    return hashlib.sha256(json.dumps(parts, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
