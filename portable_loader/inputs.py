@@ -265,8 +265,7 @@ class HFDiskTable(InputTable):
     kind = "hf_disk"
 
     def __init__(self, path: str, split: str | None):
-        self.split_name = _split_name(split) or "train"
-        self._dataset()  # fail early on a bad folder or split
+        self.path, self.split, self.split_name = path, split, _split_name(split) or "train"
         super().__init__(path, len(self._dataset()), split)
 
     def _dataset(self):
