@@ -8,6 +8,7 @@ Example:
 """
 
 from portable_loader.cache import open_cache
+from portable_loader.loader import DataLoader
 from portable_loader.errors import BadRowError, CacheError, InputError, PortableLoaderError, TokenizerError
 from portable_loader.precache import precache
 from portable_loader.sampler import LCGSampler
@@ -15,6 +16,7 @@ from portable_loader.sampler import LCGSampler
 __all__ = [
     "BadRowError",
     "CacheError",
+    "DataLoader",
     "InputError",
     "LCGSampler",
     "PortableLoaderError",

@@ -332,6 +332,10 @@ class ArrayRecordCacheSource(_CacheSource):
     def lengths(self, indices: Sequence[int] | np.ndarray) -> np.ndarray:
         return np.asarray([r["input_ids"].size for r in self.__getitems__(list(indices))], dtype=np.int64)
 
+    def reopen(self) -> "ArrayRecordCacheSource":
+        """A fresh instance with its own readers (what a forked worker needs)."""
+        return ArrayRecordCacheSource(self.path, self.manifest)
+
     def close(self) -> None:
         for r in self._readers:
             r.close()

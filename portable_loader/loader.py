@@ -1,0 +1,273 @@
+"""DataLoader: deterministic global batches, packing, workers, O(1) resumable state.
+
+The batch at global step ``s`` is a pure function of (source, config, seed, s): the ``Planner`` fixes
+which record pieces fill which rows by arithmetic, and fetching and collation (in the caller, a
+prefetch thread, or worker processes) only carry that plan out. Worker count, prefetch depth and the
+number of hosts change how fast batches come, never what they hold.
+
+Example:
+    >>> import portable_loader as pl
+    >>> src = [{"input_ids": np.arange(n, dtype=np.int32)} for n in (3, 5, 2, 7)]
+    >>> loader = pl.DataLoader(src, global_batch_size=2, seq_len=4, seed=0, num_epochs=1)
+    >>> with iter(loader) as it:
+    ...     first = next(it)
+    ...     state = it.get_state()
+    >>> first["input_ids"].shape
+    (2, 4)
+    >>> it2 = iter(loader); it2.set_state(state)
+    >>> batches = list(it2)
+    >>> len(batches)
+    1
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import Any, Iterator, Sequence
+
+import numpy as np
+
+from portable_loader.collate import collate
+from portable_loader.plan import Cursor, Planner
+from portable_loader.sampler import LCGSampler
+
+__all__ = ["DataLoader", "LoaderIterator", "InlineEngine", "STATE_VERSION", "build_batch"]
+
+STATE_VERSION = 1
+
+
+def _source_identity(source) -> str:
+    manifest = getattr(source, "manifest", None)
+    if isinstance(manifest, dict) and "key" in manifest:
+        return f"cache:{manifest['key']}:{manifest.get('content_checksum', '')}"
+    return f"{type(source).__module__}.{type(source).__qualname__}:{len(source)}"
+
+
+def _fetch(source, indices: list[int]) -> list:
+    getitems = getattr(source, "__getitems__", None) or getattr(source, "_getitems", None)
+    if getitems is not None:
+        return list(getitems(indices))
+    return [source[i] for i in indices]
+
+
+def _lengths(source, indices: np.ndarray) -> np.ndarray:
+    fast = getattr(source, "lengths", None)
+    if fast is not None:
+        return np.asarray(fast(indices), dtype=np.int64)
+    return np.asarray([len(r["input_ids"]) for r in _fetch(source, indices.tolist())], dtype=np.int64)
+
+
+def build_batch(source, rows, seq_len: int, pad_id: int) -> dict[str, np.ndarray]:
+    """Fetch the records a row plan names (one batched read) and collate them."""
+    wanted = sorted({piece[0] for row in rows for piece in row})
+    records = dict(zip(wanted, _fetch(source, wanted)))
+    return collate(rows, records, seq_len, pad_id)
+
+
+class DataLoader:
+    """Shuffled, padded or packed global batches from a random-access source, with exact resume.
+
+    ``source``: an ``open_cache`` source, any Grain ``RandomAccessDataSource`` (``__len__``,
+    ``__getitem__``), or a ``grain.MapDataset``, whose records are dicts with ``input_ids`` (and
+    optionally ``loss_mask``). Each host gets rows ``[k*B/K, (k+1)*B/K)`` of every global batch.
+
+    Example:
+        >>> loader = DataLoader(open_cache(path), global_batch_size=64, seq_len=2048, seed=0,
+        ...                     packing=True, num_workers=2)                      # doctest: +SKIP
+        >>> with iter(loader) as it:                                               # doctest: +SKIP
+        ...     batch = next(it); state = it.get_state()
+    """
+
+    def __init__(
+        self,
+        source,
+        *,
+        global_batch_size: int,
+        seq_len: int,
+        seed: int = 0,
+        packing: bool = False,
+        shuffle: bool = True,
+        num_epochs: int | None = None,
+        num_workers: int = 0,
+        prefetch: int = 2,
+        shard_index: int | None = None,
+        shard_count: int | None = None,
+        packing_window: int = 1024,
+        pad_id: int = 0,
+    ):
+        for name, value, low in (
+            ("global_batch_size", global_batch_size, 1), ("seq_len", seq_len, 1), ("num_workers", num_workers, 0),
+            ("prefetch", prefetch, 0), ("packing_window", packing_window, 1),
+        ):
+            if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < low:
+                raise ValueError(f"{name} must be an integer >= {low}, got {value!r}")
+        shard_count = 1 if shard_count is None else shard_count
+        shard_index = 0 if shard_index is None else shard_index
+        if not 0 <= shard_index < shard_count:
+            raise ValueError(f"shard_index must be in [0, {shard_count}), got {shard_index}")
+        if global_batch_size % shard_count:
+            raise ValueError(
+                f"global_batch_size {global_batch_size} is not divisible by shard_count {shard_count}"
+            )
+        if len(source) < 1:
+            raise ValueError("source is empty")
+        self.source = source
+        self.global_batch_size, self.seq_len, self.seed = int(global_batch_size), int(seq_len), int(seed)
+        self.packing, self.shuffle, self.num_epochs = bool(packing), bool(shuffle), num_epochs
+        self.num_workers, self.prefetch = int(num_workers), int(prefetch)
+        self.shard_index, self.shard_count = int(shard_index), int(shard_count)
+        self.packing_window, self.pad_id = int(packing_window), int(pad_id)
+        self.sampler = LCGSampler(len(source), seed=self.seed, shuffle=self.shuffle, num_epochs=num_epochs)
+        self.config = {
+            "source": _source_identity(source),
+            "global_batch_size": self.global_batch_size,
+            "seq_len": self.seq_len,
+            "seed": self.seed,
+            "packing": self.packing,
+            "shuffle": self.shuffle,
+            "num_epochs": num_epochs,
+            "packing_window": self.packing_window if self.packing else None,
+            "pad_id": self.pad_id,
+        }
+        self.fingerprint = hashlib.sha256(json.dumps(self.config, sort_keys=True).encode()).hexdigest()[:32]
+
+    @property
+    def local_batch_size(self) -> int:
+        return self.global_batch_size // self.shard_count
+
+    def planner(self) -> Planner:
+        return Planner(
+            self.sampler, len(self.source), global_batch_size=self.global_batch_size, seq_len=self.seq_len,
+            packing=self.packing, window=self.packing_window, lengths=lambda idx: _lengths(self.source, idx),
+        )
+
+    def local_rows(self, rows: Sequence) -> Sequence:
+        b = self.local_batch_size
+        return rows[self.shard_index * b : (self.shard_index + 1) * b]
+
+    def __iter__(self) -> "LoaderIterator":
+        return LoaderIterator(self)
+
+    def __repr__(self) -> str:
+        return f"DataLoader({self.config}, shard {self.shard_index}/{self.shard_count}, workers={self.num_workers})"
+
+
+class LoaderIterator(Iterator[dict]):
+    """Yields this host's slice of each global batch; ``get_state``/``set_state`` resume exactly.
+
+    The state describes the batches already returned by ``next`` (never the prefetched ones).
+    Also ``state_dict``/``load_state_dict`` (torch's ``Stateful``), and a context manager whose exit
+    (like ``close()``) stops every thread and worker process.
+    """
+
+    def __init__(self, loader: DataLoader):
+        self.loader = loader
+        self._planner = loader.planner()
+        self._cursor = Cursor(0, 0, 0)
+        self._engine = None
+
+    # --- iteration ----------------------------------------------------------------------------
+
+    def _start(self):
+        from portable_loader.workers import ProcessEngine, ThreadEngine
+
+        if self.loader.num_workers > 0:
+            return ProcessEngine(self.loader, self._planner, self._cursor)
+        if self.loader.prefetch > 0:
+            return ThreadEngine(self.loader, self._planner, self._cursor)
+        return InlineEngine(self.loader, self._planner, self._cursor)
+
+    def __next__(self) -> dict[str, np.ndarray]:
+        if self._engine is None:
+            self._engine = self._start()
+        try:
+            batch, cursor = self._engine.next()
+        except StopIteration:
+            raise
+        except BaseException:
+            self.close()  # a later next() starts afresh from the last batch returned
+            raise
+        self._cursor = cursor
+        return batch
+
+    def __iter__(self):
+        return self
+
+    def close(self) -> None:
+        """Stop prefetching and end every worker; the state is kept, so ``next`` may go on later."""
+        if self._engine is not None:
+            engine, self._engine = self._engine, None
+            engine.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:  # interpreter shutdown
+            pass
+
+    # --- state --------------------------------------------------------------------------------
+
+    def get_state(self) -> dict[str, Any]:
+        """A small JSON-serializable dict: version, config fingerprint and stream position."""
+        c = self._cursor
+        return {
+            "version": STATE_VERSION,
+            "fingerprint": self.loader.fingerprint,
+            "config": {k: v for k, v in self.loader.config.items() if k != "source"},
+            "step": c.step,
+            "window": c.window,
+            "row": c.row,
+        }
+
+    def set_state(self, state: dict[str, Any]) -> None:
+        """Continue right after the batch the state was taken at; O(1), no replay."""
+        if isinstance(state, (bytes, str)):
+            state = json.loads(state)
+        if not isinstance(state, dict) or state.get("version") != STATE_VERSION:
+            got = state.get("version") if isinstance(state, dict) else type(state).__name__
+            raise ValueError(f"loader state version {got!r} is not {STATE_VERSION}: refused")
+        if state.get("fingerprint") != self.loader.fingerprint:
+            mine = {k: v for k, v in self.loader.config.items() if k != "source"}
+            theirs = state.get("config", {})
+            diff = [f"{k}: state {theirs.get(k)!r}, loader {mine[k]!r}" for k in mine if theirs.get(k) != mine[k]]
+            raise ValueError(
+                "loader state belongs to another source or config: refused ("
+                + ("; ".join(diff) or "the source differs")
+                + ")"
+            )
+        cursor = Cursor(int(state["step"]), int(state["window"]), int(state["row"]))
+        if min(cursor) < 0:
+            raise ValueError(f"loader state has a negative position: {cursor}")
+        self.close()
+        self._cursor = cursor
+
+    def state_dict(self) -> dict[str, Any]:
+        return self.get_state()
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.set_state(state)
+
+
+class InlineEngine:
+    """No prefetch: plan, fetch and collate in the caller's thread."""
+
+    def __init__(self, loader: DataLoader, planner: Planner, cursor: Cursor):
+        self.loader, self.planner, self.cursor = loader, planner, cursor
+
+    def next(self) -> tuple[dict, Cursor]:
+        planned = self.planner.step(self.cursor)
+        if planned is None:
+            raise StopIteration
+        rows, self.cursor = planned
+        batch = build_batch(self.loader.source, self.loader.local_rows(rows), self.loader.seq_len, self.loader.pad_id)
+        return batch, self.cursor
+
+    def close(self) -> None:
+        pass
