@@ -246,6 +246,13 @@ class _CacheSource:
         return f"{type(self).__name__}({self.path!r}, records={self._len})"
 
 
+def _view(array, dtype) -> np.ndarray:
+    """A zero-copy numpy view of a primitive Arrow array (``to_numpy`` would import pandas)."""
+    dtype = np.dtype(dtype)
+    data = array.buffers()[1]
+    return np.frombuffer(data, dtype=dtype, count=len(array), offset=array.offset * dtype.itemsize)
+
+
 class ArrowCacheSource(_CacheSource):
     """Memory-mapped Arrow shards; records are zero-copy, read-only numpy views.
 
@@ -266,9 +273,9 @@ class ArrowCacheSource(_CacheSource):
             ids_col, mask_col = table.column("input_ids"), table.column("loss_mask")
             for ids_chunk, mask_chunk in zip(ids_col.chunks, mask_col.chunks):
                 starts.append(row)
-                self._offsets.append(ids_chunk.offsets.to_numpy())
-                self._ids.append(ids_chunk.values.to_numpy())
-                self._mask.append(mask_chunk.values.to_numpy())
+                self._offsets.append(_view(ids_chunk.offsets, np.int32))
+                self._ids.append(_view(ids_chunk.values, np.int32))
+                self._mask.append(_view(mask_chunk.values, np.uint8))
                 row += len(ids_chunk)
         if row != self._len:
             raise CacheError(f"{path}: shards hold {row} records, the manifest says {self._len}")

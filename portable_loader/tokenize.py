@@ -218,6 +218,11 @@ class Formatter:
         self._render: Callable[[dict, Callable[[], str]], tuple[str, list[tuple[int, int]]]] = getattr(
             self, f"_render_{fmt}"
         )
+        # What the post-processor adds after a sequence (e.g. an EOS when add_eos_token is set).
+        plain = self.backend.encode("a", add_special_tokens=False).ids
+        full = self.backend.encode("a", add_special_tokens=fmt != "chat").ids
+        self._post_suffix = len(full) - len(plain) - _find(full, plain)
+        self._post_eos = fmt != "chat" and self._post_suffix > 0 and full[-1] == self.eos_id
         self._turn_ends = sorted(
             {t.content for t in tokenizer.added_tokens_decoder.values() if t.special}, key=len, reverse=True
         )
@@ -331,27 +336,37 @@ class Formatter:
         if not texts:
             return out
         encodings = self.backend.encode_batch(texts, add_special_tokens=self.fmt != "chat")
-        for (i, row_spans), enc in zip(spans, encodings):
-            out[i] = self._finish(enc, row_spans)
+        for (i, row_spans), text, enc in zip(spans, texts, encodings):
+            out[i] = self._finish(enc, len(text), row_spans)
         return out
 
-    def _finish(self, enc, row_spans):
-        ids = np.asarray(enc.ids, dtype=np.int32)
+    def _token_at(self, enc, char: int, text_len: int, content_tokens: int) -> int:
+        """Index of the first token that starts at or after ``char`` (one Rust lookup, no offset list)."""
+        while char < text_len:
+            t = enc.char_to_token(char)
+            if t is not None:
+                return t if enc.token_to_chars(t)[0] >= char else t + 1
+            char += 1  # a character no token covers (absorbed whitespace): try the next one
+        return content_tokens
+
+    def _finish(self, enc, text_len: int, row_spans):
+        raw = enc.ids
+        n = len(raw)
+        append_eos = self.fmt != "chat" and not self._post_eos
+        ids = np.empty(n + append_eos, dtype=np.int32)
+        ids[:n] = raw
         if self.fmt == "text":
             mask = np.ones(ids.size, dtype=np.uint8)
         else:
-            starts = np.fromiter((o[0] for o in enc.offsets), dtype=np.int64, count=ids.size)
-            added = np.asarray(enc.special_tokens_mask, dtype=bool)
-            hit = np.zeros(ids.size, dtype=bool)
+            mask = np.zeros(ids.size, dtype=np.uint8)
+            content = n - self._post_suffix
             for s, e in row_spans:
-                hit |= (starts >= s) & (starts < e)
-            mask = (hit & ~added).astype(np.uint8)
-        if self.fmt != "chat":
-            if ids.size and ids[-1] == self.eos_id and enc.special_tokens_mask[-1]:
-                mask[-1] = 1  # the tokenizer's post-processor appended EOS already
-            else:
-                ids = np.append(ids, np.int32(self.eos_id))
-                mask = np.append(mask, np.uint8(1))
+                mask[self._token_at(enc, s, text_len, content) : self._token_at(enc, e, text_len, content)] = 1
+        if append_eos:
+            ids[n] = self.eos_id
+            mask[n] = 1
+        elif self.fmt != "chat":
+            mask[n - 1] = 1  # the tokenizer's post-processor appended EOS already
         cut = self.max_length is not None and ids.size > self.max_length
         if cut:
             if self.overlong == "drop":
@@ -361,6 +376,13 @@ class Formatter:
             return "no_target"
         self.truncated += cut
         return ids, mask
+
+
+def _find(seq: list, sub: list) -> int:
+    for i in range(len(seq) - len(sub) + 1):
+        if seq[i : i + len(sub)] == sub:
+            return i
+    raise TokenizerError("the tokenizer's post-processor alters the text's own tokens; unsupported")
 
 
 def config_digest(parts: dict) -> str:

@@ -9,6 +9,8 @@ Contenders (every one does the same per-row work through ``Formatter``: render, 
   (c) a plain single-process loop, one row at a time, then one Arrow write
   (d) a multiprocessing pool that sends rows to workers and results back (the hand-written way)
   (e) the ceiling: the tokenizer's own batch encoder over the already rendered texts, on all cores
+Each runs in a fresh interpreter with its libraries imported and the tokenizer loaded once (which
+warms transformers' lazy imports, ~3 s here): start-up is not throughput.
 Then a cache hit: ``open_cache`` of an ``--open-rows`` cache against ``datasets.load_from_disk``
 and ``load_from_disk(...).to_list()``, with the RSS each one costs.
 """
@@ -128,7 +130,11 @@ def _isolated(name, inp, tok, workers):
     """Run one contender in a fresh interpreter, so none inherits another's warm state."""
     out = tempfile.mkdtemp(prefix=f"bench-{name}-")
     code = (
+        # Libraries are imported (and transformers warmed by one tokenizer load) before the clock
+        # starts, as in a training script: start-up is not throughput, and would decide a 30k-row race.
         f"import sys; sys.path.insert(0, {os.path.join(ROOT, 'scripts')!r}); import bench_precache as b; "
+        "import transformers, datasets, pyarrow; from portable_loader.tokenize import load_tokenizer; "
+        f"load_tokenizer({tok!r}); "
         f"print(b.run_{name}({inp!r}, {tok!r}, {out!r}, {workers}))"
     )
     env = dict(os.environ, TOKENIZERS_PARALLELISM="false")

@@ -58,13 +58,22 @@ SAMPLE_TOKENIZER = "tokenizer"
 
 
 _progress = None  # per-worker row counters in shared memory, inherited from the parent
+_loaded: dict = {}  # tokenizers loaded by the parent: forked workers inherit them instead of reloading
+
+
+def _tokenizer(path: str, chat_template: str | None, eos_token: str | None, files: str):
+    key = (path, chat_template, eos_token, files)  # files: the digest of the tokenizer's files
+    if key not in _loaded:
+        _loaded.clear()
+        _loaded[key] = load_tokenizer(path, chat_template, eos_token)
+    return _loaded[key]
 
 
 def _worker(task: dict, slot: int) -> dict:
     """Tokenize rows [lo, hi) of the input into one shard; return counts and checksums only."""
     cfg = task["config"]
     table = open_input(cfg["input"], cfg["split"])
-    tok = load_tokenizer(cfg["tokenizer"], cfg["chat_template"], cfg["eos_token"])
+    tok = _tokenizer(cfg["tokenizer"], cfg["chat_template"], cfg["eos_token"], task["tokenizer_files"])
     fmt = Formatter(
         cfg["format"], tok, fields=cfg["fields"], max_length=cfg["max_length"], overlong=cfg["overlong"],
         path=cfg["input"], on_bad_row=cfg["on_bad_row"],
@@ -219,12 +228,12 @@ def build_cache(
                 raise CacheError(f"{e}\n(the existing cache at {final} is invalid: rerun with --force to rebuild it)") from None
             return final, {**manifest["counts"], "hit": True, "seconds": time.perf_counter() - t0, "path": final}
 
-        tok = load_tokenizer(tokenizer, chat_template, eos_token)
+        tok = _tokenizer(config["tokenizer"], chat_template, eos_token, key)
         # Validates the format against the tokenizer (EOS, chat template) before any work.
         Formatter(format, tok, fields=fields, max_length=max_length, overlong=overlong, path=input)
         tmp = cache_mod.temp_dir(out, name)
         try:
-            manifest = _tokenize_into(tmp, table, config, num_workers, show_progress)
+            manifest = _tokenize_into(tmp, table, config, num_workers, show_progress, key)
             manifest.update(key=key, key_parts=key_parts, config=config)
             cache_mod.write_manifest(tmp, manifest)
             cache_mod.publish(tmp, final, replace=force)
@@ -235,7 +244,7 @@ def build_cache(
     return final, {**manifest["counts"], "hit": False, "seconds": seconds, "path": final}
 
 
-def _tokenize_into(tmp: str, table, config: dict, num_workers: int | None, show_progress: bool) -> dict:
+def _tokenize_into(tmp: str, table, config: dict, num_workers: int | None, show_progress: bool, key: str) -> dict:
     rows = len(table)
     workers = max(1, min(num_workers or _cpu_count(), rows))
     bounds = [rows * i // workers for i in range(workers + 1)]
@@ -245,6 +254,7 @@ def _tokenize_into(tmp: str, table, config: dict, num_workers: int | None, show_
             "lo": bounds[i],
             "hi": bounds[i + 1],
             "shard_path": os.path.join(tmp, cache_mod.shard_name(config["backend"], i, workers)),
+            "tokenizer_files": key,
         }
         for i in range(workers)
     ]
