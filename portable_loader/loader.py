@@ -166,6 +166,16 @@ class LoaderIterator(Iterator[dict]):
         self._planner = loader.planner()
         self._cursor = Cursor(0, 0, 0)
         self._engine = None
+        self._tokens = self._slots = 0
+
+    @property
+    def stats(self) -> dict[str, float]:
+        """Real tokens and slots of the batches returned so far, and their ratio (packing efficiency)."""
+        return {
+            "tokens": self._tokens,
+            "slots": self._slots,
+            "packing_efficiency": self._tokens / self._slots if self._slots else 0.0,
+        }
 
     # --- iteration ----------------------------------------------------------------------------
 
@@ -189,6 +199,8 @@ class LoaderIterator(Iterator[dict]):
             self.close()  # a later next() starts afresh from the last batch returned
             raise
         self._cursor = cursor
+        self._tokens += int(np.count_nonzero(batch["segment_ids"]))
+        self._slots += batch["segment_ids"].size
         return batch
 
     def __iter__(self):

@@ -133,8 +133,12 @@ def test_packing_efficiency_on_real_alpaca_beats_grain(tmp_path):
     path = pl.precache(need(DATA / "alpaca" / "llamafactory_alpaca_en_demo.json"), tokenizer=need(PHI3),
                        format="alpaca", out=tmp_path, max_length=2048)
     src = pl.open_cache(path)
-    loader = pl.DataLoader(src, global_batch_size=8, seq_len=2048, seed=0, packing=True, num_epochs=1)
-    seg = concat(list(iter(loader)))["segment_ids"]
+    # Three epochs of the endless stream: the padding rows that keep a finite stream's last batch at
+    # its static shape are not packing's doing.
+    loader = pl.DataLoader(src, global_batch_size=8, seq_len=2048, seed=0, packing=True)
+    with iter(loader) as it:
+        seg = concat(take(it, 3 * 232_000 // (8 * 2048)))["segment_ids"]
+        assert it.stats["packing_efficiency"] == pytest.approx((seg > 0).mean())
     ours = (seg > 0).mean()
     assert ours >= 0.95
     import grain.python as grain
@@ -215,7 +219,7 @@ def test_foreign_states_are_refused():
     next(it)
     state = it.get_state()
     for kw, word in [(dict(seed=1), "seed"), (dict(seq_len=32), "seq_len"), (dict(packing=True), "packing")]:
-        cfg = dict(global_batch_size=4, seq_len=16, seed=0, **{k: v for k, v in kw.items()})
+        cfg = {**dict(global_batch_size=4, seq_len=16, seed=0), **kw}
         with pytest.raises(ValueError, match=f"another source or config.*{word}"):
             iter(pl.DataLoader(src, **cfg)).set_state(state)
     with pytest.raises(ValueError, match="source differs"):
@@ -232,7 +236,6 @@ def test_cache_source_fingerprint_tracks_the_cache(tmp_path):
                                   format="text", out=tmp_path, max_length=64))
     b = pl.open_cache(pl.precache(need(DATA / "text" / "llamafactory_c4_demo.jsonl"), tokenizer=need(GPT2),
                                   format="text", out=tmp_path, max_length=128))
-    assert len(a) != len(b) or True
     state = iter(pl.DataLoader(a, global_batch_size=2, seq_len=64)).get_state()
     with pytest.raises(ValueError, match="source differs"):
         iter(pl.DataLoader(b, global_batch_size=2, seq_len=64)).set_state(state)
@@ -366,8 +369,7 @@ def test_killed_worker_is_reported_not_waited_for():
     it = iter(pl.DataLoader(src, global_batch_size=4, seq_len=16, num_workers=2, prefetch=1))
     take(it, 2)
     victim = psutil.Process().children()[0]
-    victim.kill()
-    victim.wait()
+    victim.kill()  # like the OOM killer: the zombie is left for the loader to find
     with pytest.raises(WorkerError, match="exited unexpectedly with code -9"):
         take(it, 10)
     it.close()
