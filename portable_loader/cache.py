@@ -290,6 +290,21 @@ class ArrowCacheSource(_CacheSource):
         a, b = int(offsets[j]), int(offsets[j + 1])
         return {"input_ids": self._ids[seg][a:b], "loss_mask": self._mask[seg][a:b]}
 
+    def __getitems__(self, indices: Sequence[int]) -> list[dict]:
+        idx = np.asarray(indices, dtype=np.int64)
+        if idx.size and (idx.min() < -self._len or idx.max() >= self._len):
+            bad = idx[(idx < -self._len) | (idx >= self._len)][0]
+            raise IndexError(f"record {int(bad)} out of range for a cache of {self._len} records ({self.path})")
+        idx = np.where(idx < 0, idx + self._len, idx)
+        segs = np.searchsorted(self._seg_starts, idx, side="right") - 1
+        local = idx - self._seg_starts[segs]
+        out = []
+        for seg, j in zip(segs.tolist(), local.tolist()):
+            offsets = self._offsets[seg]
+            a, b = int(offsets[j]), int(offsets[j + 1])
+            out.append({"input_ids": self._ids[seg][a:b], "loss_mask": self._mask[seg][a:b]})
+        return out
+
     def lengths(self, indices: Sequence[int] | np.ndarray) -> np.ndarray:
         """Token counts of records, vectorized (what a packer needs before it reads anything)."""
         idx = np.asarray(indices, dtype=np.int64)

@@ -57,26 +57,59 @@ def pack(record_indices: np.ndarray, lengths: np.ndarray, seq_len: int) -> list[
     return rows
 
 
+_FEW_PIECES = 24  # below this, per-piece slice assignment beats the vectorized scatter's fixed cost
+
+
 def collate(
     rows: Sequence[Sequence[Piece]], records: Mapping[int, Mapping[str, np.ndarray]], seq_len: int, pad_id: int = 0
 ) -> dict[str, np.ndarray]:
     """Fill one ``[len(rows), seq_len]`` batch; rows may be empty (all padding)."""
     n = len(rows)
-    ids = np.full((n, seq_len), pad_id, dtype=np.int32)
-    mask = np.zeros((n, seq_len), dtype=np.uint8)
-    segments = np.zeros((n, seq_len), dtype=np.int32)
-    positions = np.zeros((n, seq_len), dtype=np.int32)
-    ramp = np.arange(seq_len, dtype=np.int32)
+    out = {
+        "input_ids": np.full((n, seq_len), pad_id, dtype=np.int32),
+        "loss_mask": np.zeros((n, seq_len), dtype=np.uint8),
+        "segment_ids": np.zeros((n, seq_len), dtype=np.int32),
+        "positions": np.zeros((n, seq_len), dtype=np.int32),
+    }
+    pieces = []  # (row, segment, tokens, mask)
     for r, row in enumerate(rows):
-        at = 0
         for segment, (idx, start, end) in enumerate(row, start=1):
             record = records[idx]
-            end = min(end, len(record["input_ids"]))  # padding plans ask for up to seq_len
-            size = end - start
-            ids[r, at : at + size] = record["input_ids"][start:end]
+            tokens = record["input_ids"][start:end]  # end past the record's length: cut to it
             rec_mask = record.get("loss_mask")
-            mask[r, at : at + size] = 1 if rec_mask is None else rec_mask[start:end]
-            segments[r, at : at + size] = segment
-            positions[r, at : at + size] = ramp[:size]
-            at += size
-    return {"input_ids": ids, "loss_mask": mask, "segment_ids": segments, "positions": positions}
+            pieces.append((r, segment, tokens, np.ones(tokens.size, np.uint8) if rec_mask is None else rec_mask[start:end]))
+    if len(pieces) < _FEW_PIECES:
+        _fill_each(out, pieces)
+    elif pieces:
+        _fill_scatter(out, pieces, seq_len)
+    return out
+
+
+def _fill_each(out: dict, pieces: list) -> None:
+    at, last_row = 0, -1
+    for r, segment, tokens, mask in pieces:
+        at = 0 if r != last_row else at
+        last_row, size = r, tokens.size
+        out["input_ids"][r, at : at + size] = tokens
+        out["loss_mask"][r, at : at + size] = mask
+        out["segment_ids"][r, at : at + size] = segment
+        out["positions"][r, at : at + size] = np.arange(size, dtype=np.int32)
+        at += size
+
+
+def _fill_scatter(out: dict, pieces: list, seq_len: int) -> None:
+    """The same as ``_fill_each`` with one concatenation and one scatter per field."""
+    row = np.fromiter((p[0] for p in pieces), dtype=np.int64, count=len(pieces))
+    seg = np.fromiter((p[1] for p in pieces), dtype=np.int64, count=len(pieces))
+    size = np.fromiter((p[2].size for p in pieces), dtype=np.int64, count=len(pieces))
+    ends = np.cumsum(size)
+    piece_start = ends - size
+    # Where each piece starts in its row: pieces come grouped by row, and segment 1 opens a row.
+    row_first = np.flatnonzero(seg == 1)
+    row_base = np.repeat(piece_start[row_first], np.diff(np.append(row_first, size.size)))
+    within = np.arange(int(ends[-1]), dtype=np.int64) - np.repeat(piece_start, size)
+    dest = np.repeat(row * seq_len + piece_start - row_base, size) + within
+    out["input_ids"].reshape(-1)[dest] = np.concatenate([p[2] for p in pieces])
+    out["loss_mask"].reshape(-1)[dest] = np.concatenate([p[3] for p in pieces])
+    out["segment_ids"].reshape(-1)[dest] = np.repeat(seg, size)
+    out["positions"].reshape(-1)[dest] = within

@@ -30,6 +30,8 @@ from portable_loader.sampler import LCGSampler
 
 __all__ = ["Cursor", "Planner"]
 
+_CHUNK = 4096
+
 
 class Cursor(NamedTuple):
     """Where the next global step starts (``window``/``row`` are used in packing mode only)."""
@@ -58,10 +60,25 @@ class Planner:
         self.total = None if sampler.num_epochs is None else sampler.num_epochs * num_records
         self._lengths = lengths
         self._windows: dict[int, list[list[Piece]] | None] = {}
+        self._chunk: tuple[int, np.ndarray] | None = None
 
     def records(self, lo: int, hi: int) -> np.ndarray:
-        """Record indices at global stream positions ``[lo, hi)``."""
-        return self.sampler.stream_indices(np.arange(lo, hi, dtype=np.int64))
+        """Record indices at global stream positions ``[lo, hi)``.
+
+        Looked up a chunk of ``_CHUNK`` positions at a time: one vectorized sampler call costs about
+        as much for 4096 positions as for 8, and consecutive steps read consecutive positions.
+        """
+        parts = []
+        while lo < hi:
+            chunk = lo // _CHUNK
+            if self._chunk is None or self._chunk[0] != chunk:
+                first = chunk * _CHUNK
+                last = first + _CHUNK if self.total is None else min(first + _CHUNK, self.total)
+                self._chunk = (chunk, self.sampler.stream_indices(np.arange(first, last, dtype=np.int64)))
+            end = min(hi, (chunk + 1) * _CHUNK)
+            parts.append(self._chunk[1][lo - chunk * _CHUNK : end - chunk * _CHUNK])
+            lo = end
+        return parts[0] if len(parts) == 1 else np.concatenate(parts)
 
     def window_rows(self, w: int) -> list[list[Piece]] | None:
         if w not in self._windows:
