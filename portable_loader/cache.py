@@ -35,7 +35,10 @@ FORMAT_VERSION = 1
 MANIFEST = "manifest.json"
 BACKENDS = ("arrow", "array_record")
 _EXT = {"arrow": "arrow", "array_record": "array_record"}
-_BATCH_ROWS = 4096
+# Arrow record batches: few and large, so that opening reads few message headers (each one faults in
+# a readahead window of the memory map), yet bounded in a writer's memory by a token budget.
+_BATCH_ROWS = 65536
+_BATCH_TOKENS = 8 << 20
 
 
 def shard_name(backend: str, index: int, count: int) -> str:
@@ -68,6 +71,7 @@ class ShardWriter:
         self.path, self.backend, self.rows = path, backend, 0
         self._ids: list[np.ndarray] = []
         self._mask: list[np.ndarray] = []
+        self._tokens = 0
         if backend == "arrow":
             import pyarrow as pa
 
@@ -90,7 +94,8 @@ class ShardWriter:
             return
         self._ids.append(ids)
         self._mask.append(mask)
-        if len(self._ids) >= _BATCH_ROWS:
+        self._tokens += ids.size
+        if len(self._ids) >= _BATCH_ROWS or self._tokens >= _BATCH_TOKENS:
             self._flush()
 
     def _flush(self) -> None:
@@ -102,7 +107,7 @@ class ShardWriter:
         ids = pa.ListArray.from_arrays(offsets, pa.array(np.concatenate(self._ids).astype(np.int32, copy=False)))
         mask = pa.ListArray.from_arrays(offsets, pa.array(np.concatenate(self._mask).astype(np.uint8, copy=False)))
         self._writer.write_batch(pa.record_batch([ids, mask], schema=self._schema))
-        self._ids, self._mask = [], []
+        self._ids, self._mask, self._tokens = [], [], 0
 
     def close(self) -> dict:
         if self.backend == "arrow":
@@ -279,7 +284,7 @@ class ArrowCacheSource(_CacheSource):
                 row += len(ids_chunk)
         if row != self._len:
             raise CacheError(f"{path}: shards hold {row} records, the manifest says {self._len}")
-        # One entry per written batch (4096 records), never one per record.
+        # One entry per written batch (up to 65,536 records), never one per record.
         self._seg_starts = np.asarray(starts + [row], dtype=np.int64)
 
     def __getitem__(self, index: int) -> dict:
@@ -398,7 +403,8 @@ def temp_dir(out: str, name: str) -> str:
     return path
 
 
-def _pid_alive(pid: int) -> bool:
+def pid_alive(pid: int) -> bool:
+    """Whether a process with this pid exists (zombies included); used for stale temp dirs and workers."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -415,7 +421,7 @@ def clean_stale(out: str, name: str) -> list[str]:
         for prefix in (f".tmp-{name}-{_HOST}-", f".trash-{name}-{_HOST}-"):
             if entry.startswith(prefix):
                 pid = entry[len(prefix) :].split("-", 1)[0]
-                if pid.isdigit() and not _pid_alive(int(pid)):
+                if pid.isdigit() and not pid_alive(int(pid)):
                     shutil.rmtree(os.path.join(out, entry), ignore_errors=True)
                     removed.append(entry)
     return removed

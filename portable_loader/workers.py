@@ -21,6 +21,7 @@ import signal
 import threading
 import traceback
 
+from portable_loader.cache import pid_alive
 from portable_loader.loader import build_batch
 from portable_loader.plan import Cursor, Planner
 
@@ -107,17 +108,6 @@ def _worker_main(index: int, loader, inbox, outbox) -> None:
     outbox.cancel_join_thread()
 
 
-def _exists(pid: int) -> bool:
-    # is_alive() stays True for a child that someone else already reaped; the pid then is gone.
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 class ProcessEngine:
     """``num_workers`` processes fetch and collate; the caller's thread plans and reads in order."""
 
@@ -163,7 +153,8 @@ class ProcessEngine:
                 break
             except queue.Empty:
                 proc = self._procs[worker]
-                if not proc.is_alive() or not _exists(proc.pid):
+                # is_alive() stays True for a child someone else already reaped; its pid is gone then.
+                if not proc.is_alive() or not pid_alive(proc.pid):
                     self.close()
                     raise WorkerError(
                         f"loader worker {worker} (pid {proc.pid}) exited unexpectedly with code {proc.exitcode}"

@@ -153,20 +153,20 @@ def test_packing_efficiency_on_real_alpaca_beats_grain(tmp_path):
 # --- exact resume -----------------------------------------------------------------------------
 
 
-@settings(max_examples=25, deadline=None)
+@settings(max_examples=40, deadline=None)
 @given(packing=st.booleans(), n=st.integers(5, 80), batch=st.sampled_from([1, 2, 4, 8]), k=st.integers(0, 30),
-       epochs=st.sampled_from([None, 3]))
-def test_resume_after_any_step_matches_uninterrupted(packing, n, batch, k, epochs):
+       epochs=st.sampled_from([None, 3]), workers=st.sampled_from([0, 2]))
+def test_resume_after_any_step_matches_uninterrupted(packing, n, batch, k, epochs, workers):
     src = make_source(n, seed=n)
-    kw = dict(global_batch_size=batch, seq_len=24, seed=7, packing=packing, num_epochs=epochs, packing_window=16, prefetch=0)
-    full = list(_limited(iter(pl.DataLoader(src, **kw)), k + 6))
-    it = iter(pl.DataLoader(src, **kw))
-    head = list(_limited(it, k))
-    state = json.loads(json.dumps(it.get_state()))  # through JSON, as a checkpoint would
+    kw = dict(global_batch_size=batch, seq_len=24, seed=7, packing=packing, num_epochs=epochs, packing_window=16)
+    full = list(_limited(iter(pl.DataLoader(src, prefetch=0, **kw)), k + 6))
+    with iter(pl.DataLoader(src, num_workers=workers, **kw)) as it:
+        head = list(_limited(it, k))
+        state = json.loads(json.dumps(it.get_state()))  # through JSON, as a checkpoint would
     assert len(json.dumps(state)) < 1024
-    it2 = iter(pl.DataLoader(src, **kw))
-    it2.set_state(state)
-    assert same(head + list(_limited(it2, 6)), full)
+    with iter(pl.DataLoader(src, num_workers=workers, **kw)) as it2:
+        it2.set_state(state)
+        assert same(head + list(_limited(it2, 6)), full)
 
 
 def _limited(it, k):

@@ -348,9 +348,11 @@ def test_empty_dataset_is_refused(tmp_path):
 
 
 def test_open_is_cheap_and_lazy(gsm_caches):
-    # O(shards) structures, never O(rows): the segment index has one entry per 4096-record batch.
+    # O(shards) structures, never O(rows): the segment index has one entry per written batch.
+    from portable_loader.cache import _BATCH_ROWS
+
     src = pl.open_cache(gsm_caches[3][0])
-    assert len(src._seg_starts) <= len(src.manifest["shards"]) * (1 + len(src) // 4096) + 1
+    assert len(src._seg_starts) <= len(src.manifest["shards"]) * (1 + len(src) // _BATCH_ROWS) + 1
     assert not src[0]["input_ids"].flags.writeable  # a view on the memory map, not a copy
 
 
@@ -360,3 +362,34 @@ def test_bad_row_error_survives_worker_processes(tmp_path):
     with pytest.raises(BadRowError, match=r"d.jsonl: line 51: field text: expected a string, got int"):
         pl.precache(p, tokenizer=need(GPT2), format="text", out=tmp_path / "c", num_workers=2)
     assert not any(e.startswith(".tmp-") for e in os.listdir(tmp_path / "c"))
+
+
+def test_shards_of_many_record_batches_read_back_exactly(tmp_path, monkeypatch):
+    import datasets
+
+    from portable_loader import cache
+
+    monkeypatch.setattr(cache, "_BATCH_ROWS", 7)  # many small Arrow record batches per shard
+    rng = np.random.default_rng(0)
+    written = []
+    shards = []
+    for s in range(3):
+        w = cache.ShardWriter(str(tmp_path / cache.shard_name("arrow", s, 3)), "arrow")
+        for _ in range(int(rng.integers(1, 40))):
+            n = int(rng.integers(1, 30))
+            ids, mask = rng.integers(0, 999, n).astype(np.int32), rng.integers(0, 2, n).astype(np.uint8)
+            w.write(ids, mask)
+            written.append((ids.tolist(), mask.tolist()))
+        shards.append(w.close())
+    counts = {"rows_in": len(written), "rows_out": len(written)}
+    cache.write_manifest(str(tmp_path), {"format_version": cache.FORMAT_VERSION, "backend": "arrow", "key": "k" * 64,
+                                         "counts": counts, "content_checksum": "", "shards": shards})
+    src = pl.open_cache(str(tmp_path), verify=True)
+    assert len(src._seg_starts) > 6
+    assert records(src) == written
+    order = rng.permutation(len(written)).tolist() + [-1]
+    assert [r["input_ids"].tolist() for r in src.__getitems__(order)] == [written[i][0] for i in order]
+    assert src.lengths(order[:-1]).tolist() == [len(written[i][0]) for i in order[:-1]]
+    assert datasets.load_from_disk(str(tmp_path))["input_ids"] == [w[0] for w in written]
+    with pytest.raises(IndexError):
+        src.__getitems__([len(written)])
