@@ -102,6 +102,8 @@ class DataLoader:
         ):
             if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < low:
                 raise ValueError(f"{name} must be an integer >= {low}, got {value!r}")
+        # Adapters fill unset shards from torch.distributed or JAX; the bare loader is one host.
+        self.shard_given = shard_index is not None or shard_count is not None
         shard_count = 1 if shard_count is None else shard_count
         shard_index = 0 if shard_index is None else shard_index
         if not 0 <= shard_index < shard_count:
@@ -131,6 +133,19 @@ class DataLoader:
             "pad_id": self.pad_id,
         }
         self.fingerprint = hashlib.sha256(json.dumps(self.config, sort_keys=True).encode()).hexdigest()[:32]
+
+    def with_shard(self, shard_index: int, shard_count: int) -> "DataLoader":
+        """The same loader for host ``shard_index`` of ``shard_count`` (same stream, other rows).
+
+        Example:
+            >>> host1 = loader.with_shard(1, 4)   # doctest: +SKIP
+        """
+        return DataLoader(
+            self.source, global_batch_size=self.global_batch_size, seq_len=self.seq_len, seed=self.seed,
+            packing=self.packing, shuffle=self.shuffle, num_epochs=self.num_epochs, num_workers=self.num_workers,
+            prefetch=self.prefetch, shard_index=shard_index, shard_count=shard_count,
+            packing_window=self.packing_window, pad_id=self.pad_id,
+        )
 
     @property
     def local_batch_size(self) -> int:

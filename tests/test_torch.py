@@ -1,0 +1,175 @@
+"""TorchLoader: async collation byte-identical to serial, consumed-batch state, HF fields against a
+per-token oracle, failures and shutdown, torch.save and DCP round trips, a real gloo job."""
+
+import os
+import socket
+import subprocess
+import sys
+import threading
+
+import numpy as np
+import pytest
+import torch
+
+import portable_loader as pl
+from portable_loader.adapters.torch import TorchLoader, hf_fields
+from test_loader import Exploding, make_source
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+
+
+def loader(src=None, **kw):
+    cfg = dict(global_batch_size=4, seq_len=32, seed=5, packing=True, packing_window=16)
+    cfg.update(kw)
+    return pl.DataLoader(src if src is not None else make_source(30), **cfg)
+
+
+def as_numpy(batches):
+    return [{k: v.cpu().numpy() for k, v in b.items()} for b in batches]
+
+
+def same(a, b):
+    return len(a) == len(b) and all(x.keys() == y.keys() and all(np.array_equal(x[k], y[k]) for k in x) for x, y in zip(a, b))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("packing", [False, True])
+def test_async_and_serial_batches_are_byte_identical_over_epochs(device, packing):
+    kw = dict(packing=packing, num_epochs=3)
+    with TorchLoader(loader(**kw), device=device, async_collation=False) as serial:
+        a = as_numpy(list(serial))
+    with TorchLoader(loader(**kw), device=device, async_collation=True) as async_:
+        b = as_numpy(list(async_))
+    numpy_batches = list(iter(loader(**kw)))
+    assert len(a) == len(numpy_batches) > 12
+    assert same(a, b) and same(a, numpy_batches)
+    assert a[0]["input_ids"].dtype == np.int32 and a[0]["loss_mask"].dtype == np.uint8
+
+
+@pytest.mark.parametrize("async_collation", [False, True])
+def test_state_is_that_of_consumed_batches_across_epoch_boundaries(async_collation, tmp_path):
+    src = make_source(24)
+    kw = dict(packing=False, global_batch_size=4)  # 6 steps per epoch
+    full = as_numpy(list(_take(TorchLoader(loader(src, **kw), async_collation=False), 20)))
+    for n in (5, 6, 7, 12):
+        tl = TorchLoader(loader(src, **kw), async_collation=async_collation)
+        head = as_numpy(_take(tl, n))
+        # The collator has already prepared step n+1; the state must still say "after step n".
+        torch.save({"data": tl.state_dict()}, tmp_path / "ckpt.pt")
+        tl.close()
+        fresh = TorchLoader(loader(src, **kw), async_collation=async_collation)
+        fresh.load_state_dict(torch.load(tmp_path / "ckpt.pt")["data"])
+        assert same(head + as_numpy(_take(fresh, 20 - n)), full)
+        fresh.close()
+
+
+def test_close_rewinds_to_the_last_batch_returned():
+    tl = TorchLoader(loader(), async_collation=True)
+    first = as_numpy(_take(tl, 3))
+    tl.close()  # drops the prepared batch 4
+    rest = as_numpy(_take(tl, 3))
+    tl.close()
+    assert same(first + rest, as_numpy(_take(TorchLoader(loader(), async_collation=False), 6)))
+
+
+def _take(it, k):
+    return [next(it) for _ in range(k)]
+
+
+def test_hf_fields_against_a_per_token_oracle():
+    b = next(iter(loader(make_source(40), packing=True, seq_len=48)))
+    got = hf_fields(b)
+    rows, cols = b["input_ids"].shape
+    for r in range(rows):
+        for c in range(cols):
+            real = b["segment_ids"][r, c] > 0
+            starts_doc = real and b["positions"][r, c] == 0
+            want = int(b["input_ids"][r, c]) if real and b["loss_mask"][r, c] and not starts_doc else -100
+            assert got["labels"][r, c] == want
+            assert got["attention_mask"][r, c] == int(real)
+            assert got["position_ids"][r, c] == b["positions"][r, c]
+    assert all(v.dtype == np.int64 for v in got.values())
+    with TorchLoader(loader(make_source(40), packing=True, seq_len=48), hf_labels=True) as tl:
+        t = next(tl)
+    assert set(t) == {"input_ids", "labels", "attention_mask", "position_ids"}
+    assert np.array_equal(t["labels"].numpy(), got["labels"])
+
+
+def test_background_failure_surfaces_with_traceback_and_shutdown_joins():
+    before = threading.active_count()
+    src = Exploding(20, bad=int(pl.LCGSampler(20, seed=5).record_indices([6])[0]))
+    tl = TorchLoader(loader(src, packing=False, prefetch=0), async_collation=True)
+    with pytest.raises(KeyError, match="poisoned") as e:
+        _take(tl, 10)
+    assert any("__getitem__" in str(frame.name) for frame in e.traceback)
+    tl.close()
+    with pytest.raises(RuntimeError, match="step failed"):
+        with TorchLoader(loader(), async_collation=True) as tl2:
+            next(tl2)
+            raise RuntimeError("training step failed")
+    assert threading.active_count() <= before
+
+
+def test_bad_device_and_foreign_state_are_refused():
+    if not torch.cuda.is_available():
+        with pytest.raises(ValueError, match="CUDA is not available"):
+            TorchLoader(loader(), device="cuda")
+    tl = TorchLoader(loader())
+    next(tl)
+    state = tl.state_dict()
+    tl.close()
+    with pytest.raises(ValueError, match="another source or config.*seed"):
+        TorchLoader(loader(seed=6)).load_state_dict(state)
+    with pytest.raises(ValueError, match="not a TorchLoader state"):
+        TorchLoader(loader()).load_state_dict({"step": 3})
+
+
+def test_dcp_round_trip_single_process(tmp_path):
+    import torch.distributed.checkpoint as dcp
+
+    tl = TorchLoader(loader(), async_collation=True)
+    _take(tl, 7)
+    dcp.save({"data": tl}, checkpoint_id=str(tmp_path / "ckpt"))
+    want = as_numpy(_take(tl, 5))
+    tl.close()
+    fresh = TorchLoader(loader(), async_collation=True)
+    dcp.load({"data": fresh}, checkpoint_id=str(tmp_path / "ckpt"))
+    assert same(as_numpy(_take(fresh, 5)), want)
+    fresh.close()
+
+
+# --- a real multi-process job ---------------------------------------------------------------------
+
+
+def _port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def run_job(cache, out, world, steps, *extra):
+    os.makedirs(out, exist_ok=True)
+    port = _port()
+    procs = [subprocess.Popen([sys.executable, os.path.join(HERE, "torch_dist_job.py"), cache, out, str(r), str(world),
+                               str(port), str(steps), *extra], stderr=subprocess.PIPE, text=True) for r in range(world)]
+    errs = [p.communicate(timeout=300)[1] for p in procs]
+    assert [p.returncode for p in procs] == [0] * world, errs
+    ranks = [np.load(os.path.join(out, f"rank{r}.npz")) for r in range(world)]
+    keys = sorted({k.rsplit("_", 1)[0] for k in ranks[0].files})
+    return [{k: np.concatenate([z[f"{k}_{i}"] for z in ranks]) for k in keys} for i in range(steps)]
+
+
+def test_gloo_world_2_matches_world_1_and_dcp_resumes_at_1_and_4(tmp_path):
+    from conftest import SAMPLE
+
+    cache = pl.precache(str(SAMPLE / "sample_chat.jsonl"), tokenizer=str(SAMPLE / "tokenizer"), format="chat",
+                        out=str(tmp_path / "cache"))
+    glob = as_numpy(_take(TorchLoader(pl.DataLoader(pl.open_cache(cache), global_batch_size=8, seq_len=64, seed=3,
+                                                    packing=True), async_collation=False), 10))
+    ckpt = str(tmp_path / "dcp")
+    two = run_job(cache, str(tmp_path / "w2"), 2, 4, "save", ckpt)
+    assert same(two, glob[:4])  # the union of the ranks' rows is the world-1 global batch
+    for world in (1, 4):
+        resumed = run_job(cache, str(tmp_path / f"r{world}"), world, 6, "load", ckpt)
+        assert same(resumed, glob[4:10]), world
