@@ -22,19 +22,17 @@ Example:
 from __future__ import annotations
 
 import json
-import queue
-import threading
 from typing import Any
 
 import numpy as np
 import torch
 
-from portable_loader.loader import DataLoader
+from portable_loader.loader import Closing, DataLoader
+from portable_loader.workers import Producer
 
 __all__ = ["TorchLoader", "hf_fields"]
 
 IGNORE_INDEX = -100
-_POLL_S = 0.2
 
 
 def hf_fields(batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
@@ -69,7 +67,7 @@ def _distributed_shard(loader: DataLoader) -> DataLoader:
     return loader.with_shard(torch.distributed.get_rank(), torch.distributed.get_world_size())
 
 
-class TorchLoader:
+class TorchLoader(Closing):
     """Iterate a ``DataLoader`` as dicts of torch tensors on ``device``; resumable and ``Stateful``.
 
     Args:
@@ -146,18 +144,6 @@ class TorchLoader:
             self._it.set_state(self._state)
         self._it.close()
 
-    def __enter__(self) -> "TorchLoader":
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
-
-    def __del__(self):
-        try:
-            self.close()
-        except Exception:  # interpreter shutdown
-            pass
-
     # --- state (torch Stateful) ----------------------------------------------------------------
 
     def state_dict(self) -> dict[str, Any]:
@@ -185,74 +171,34 @@ class _AsyncCollator:
     """One background thread keeps the next batch ready (converted, pinned, copy issued)."""
 
     def __init__(self, owner: TorchLoader):
-        self.owner = owner
-        self.cuda = owner.device.type == "cuda"
-        self.stream = torch.cuda.Stream(device=owner.device) if self.cuda else None
-        self.q: queue.Queue = queue.Queue(maxsize=1)  # with the batch in use: double buffering
-        self.stop = threading.Event()
-        self.thread = threading.Thread(target=self._run, name="portable_loader-torch-collator", daemon=True)
-        self.thread.start()
+        self.device = owner.device
+        self.stream = torch.cuda.Stream(device=owner.device) if owner.device.type == "cuda" else None
+        it = owner._it
 
-    def _put(self, item) -> bool:
-        while not self.stop.is_set():
-            try:
-                self.q.put(item, timeout=_POLL_S)
-                return True
-            except queue.Full:
-                continue
-        return False
+        def produce():
+            raw = next(it)
+            state = it.get_state()
+            if self.stream is None:
+                return owner._convert(raw), None, state
+            with torch.cuda.stream(self.stream):
+                batch = owner._convert(raw)
+                event = torch.cuda.Event()
+                event.record(self.stream)
+            return batch, event, state
 
-    def _run(self) -> None:
-        it = self.owner._it
-        try:
-            while not self.stop.is_set():
-                try:
-                    raw = next(it)
-                except StopIteration:
-                    self._put(("end", None))
-                    return
-                state = it.get_state()
-                if self.cuda:
-                    with torch.cuda.stream(self.stream):
-                        batch = self.owner._convert(raw)
-                        event = torch.cuda.Event()
-                        event.record(self.stream)
-                else:
-                    batch, event = self.owner._convert(raw), None
-                if not self._put(("ok", (batch, event, state))):
-                    return
-        except BaseException as e:  # noqa: BLE001 - re-raised in the trainer's thread
-            self._put(("error", e))
+        # Depth 1 plus the batch in the trainer's hands: double buffering.
+        self.producer = Producer(produce, depth=1, name="portable_loader-torch-collator")
 
     def next(self):
-        while True:
-            try:
-                kind, value = self.q.get(timeout=_POLL_S)
-                break
-            except queue.Empty:
-                if not self.thread.is_alive():
-                    raise RuntimeError("the async collator thread stopped without a result") from None
-        if kind == "end":
-            self._put(("end", None))
-            raise StopIteration
-        if kind == "error":
-            raise value
-        batch, event, state = value
+        batch, event, state = self.producer.next()
         if event is not None:
-            consumer = torch.cuda.current_stream(self.owner.device)
+            consumer = torch.cuda.current_stream(self.device)
             consumer.wait_event(event)
             for t in batch.values():
                 t.record_stream(consumer)
         return batch, state
 
     def close(self) -> None:
-        self.stop.set()
-        self.thread.join()
-        # Drop prepared batches (and their pinned buffers) now, not at garbage collection.
-        while True:
-            try:
-                self.q.get_nowait()
-            except queue.Empty:
-                break
+        self.producer.close()  # drops prepared batches and their pinned buffers now
         if self.stream is not None:
             self.stream.synchronize()

@@ -32,7 +32,7 @@ from portable_loader.collate import collate
 from portable_loader.plan import Cursor, Planner
 from portable_loader.sampler import LCGSampler
 
-__all__ = ["DataLoader", "LoaderIterator", "InlineEngine", "STATE_VERSION", "build_batch"]
+__all__ = ["Closing", "DataLoader", "LoaderIterator", "InlineEngine", "STATE_VERSION", "build_batch"]
 
 STATE_VERSION = 1
 
@@ -168,7 +168,26 @@ class DataLoader:
         return f"DataLoader({self.config}, shard {self.shard_index}/{self.shard_count}, workers={self.num_workers})"
 
 
-class LoaderIterator(Iterator[dict]):
+class Closing:
+    """``with`` support and a last-resort ``close()`` at garbage collection."""
+
+    def close(self) -> None:
+        raise NotImplementedError
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:  # interpreter shutdown: modules may already be gone
+            pass
+
+
+class LoaderIterator(Closing, Iterator[dict]):
     """Yields this host's slice of each global batch; ``get_state``/``set_state`` resume exactly.
 
     The state describes the batches already returned by ``next`` (never the prefetched ones).
@@ -195,12 +214,12 @@ class LoaderIterator(Iterator[dict]):
     # --- iteration ----------------------------------------------------------------------------
 
     def _start(self):
-        from portable_loader.workers import ProcessEngine, ThreadEngine
+        from portable_loader.workers import ProcessEngine, thread_engine
 
         if self.loader.num_workers > 0:
             return ProcessEngine(self.loader, self._planner, self._cursor)
         if self.loader.prefetch > 0:
-            return ThreadEngine(self.loader, self._planner, self._cursor)
+            return thread_engine(self.loader, self._planner, self._cursor)
         return InlineEngine(self.loader, self._planner, self._cursor)
 
     def __next__(self) -> dict[str, np.ndarray]:
@@ -226,18 +245,6 @@ class LoaderIterator(Iterator[dict]):
         if self._engine is not None:
             engine, self._engine = self._engine, None
             engine.close()
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
-
-    def __del__(self):
-        try:
-            self.close()
-        except Exception:  # interpreter shutdown
-            pass
 
     # --- state --------------------------------------------------------------------------------
 

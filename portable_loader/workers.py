@@ -25,7 +25,7 @@ from portable_loader.cache import pid_alive
 from portable_loader.loader import build_batch
 from portable_loader.plan import Cursor, Planner
 
-__all__ = ["ThreadEngine", "ProcessEngine", "WorkerError"]
+__all__ = ["Producer", "thread_engine", "ProcessEngine", "WorkerError"]
 
 _POLL_S = 0.2
 _JOIN_S = 5.0
@@ -35,15 +35,25 @@ class WorkerError(RuntimeError):
     """A loader worker failed; the message holds the worker's own traceback."""
 
 
-class ThreadEngine:
-    """One background thread plans, fetches and collates up to ``prefetch`` steps ahead."""
+class Producer:
+    """Runs ``produce()`` in a daemon thread, keeping up to ``depth`` results ready.
 
-    def __init__(self, loader, planner: Planner, cursor: Cursor):
-        self._q: queue.Queue = queue.Queue(maxsize=loader.prefetch)
+    ``next()`` returns them in order, raises ``StopIteration`` once ``produce`` does (and keeps
+    raising it), and re-raises ``produce``'s exception with its traceback. ``close()`` stops and
+    joins the thread and drops results not taken.
+
+    Example:
+        >>> it = iter(range(3))
+        >>> p = Producer(lambda: next(it), depth=2)
+        >>> [p.next() for _ in range(3)]
+        [0, 1, 2]
+        >>> p.close()
+    """
+
+    def __init__(self, produce, depth: int, name: str = "portable_loader-producer"):
+        self._q: queue.Queue = queue.Queue(maxsize=max(1, depth))
         self._stop = threading.Event()
-        self._thread = threading.Thread(
-            target=self._run, args=(loader, planner, cursor), name="portable_loader-prefetch", daemon=True
-        )
+        self._thread = threading.Thread(target=self._run, args=(produce,), name=name, daemon=True)
         self._thread.start()
 
     def _put(self, item) -> bool:
@@ -55,18 +65,17 @@ class ThreadEngine:
                 continue
         return False
 
-    def _run(self, loader, planner: Planner, cursor: Cursor) -> None:
+    def _run(self, produce) -> None:
         try:
             while not self._stop.is_set():
-                planned = planner.step(cursor)
-                if planned is None:
+                try:
+                    item = produce()
+                except StopIteration:
                     self._put(("end", None))
                     return
-                rows, cursor = planned
-                batch = build_batch(loader.source, loader.local_rows(rows), loader.seq_len, loader.pad_id)
-                if not self._put(("ok", (batch, cursor))):
+                if not self._put(("ok", item)):
                     return
-        except BaseException as e:  # noqa: BLE001 - handed to the caller as is
+        except BaseException as e:  # noqa: BLE001 - handed to the consumer as is
             self._put(("error", e))
 
     def next(self):
@@ -76,7 +85,7 @@ class ThreadEngine:
                 break
             except queue.Empty:
                 if not self._thread.is_alive():
-                    raise WorkerError("the prefetch thread stopped without a result") from None
+                    raise WorkerError("the background thread stopped without a result") from None
         if kind == "end":
             self._put(("end", None))  # stay ended
             raise StopIteration
@@ -87,6 +96,25 @@ class ThreadEngine:
     def close(self) -> None:
         self._stop.set()
         self._thread.join(timeout=_JOIN_S)
+        while True:
+            try:
+                self._q.get_nowait()
+            except queue.Empty:
+                break
+
+
+def thread_engine(loader, planner: Planner, cursor: Cursor) -> Producer:
+    """One background thread plans, fetches and collates up to ``prefetch`` steps ahead."""
+    at = [cursor]
+
+    def produce():
+        planned = planner.step(at[0])
+        if planned is None:
+            raise StopIteration
+        rows, at[0] = planned
+        return build_batch(loader.source, loader.local_rows(rows), loader.seq_len, loader.pad_id), at[0]
+
+    return Producer(produce, loader.prefetch, "portable_loader-prefetch")
 
 
 def _worker_main(index: int, loader, inbox, outbox) -> None:
