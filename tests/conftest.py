@@ -5,6 +5,9 @@ import pathlib
 
 import pytest
 
+# Eight virtual CPU devices for the JAX tests; must be set before jax is first imported.
+os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
+
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 DATA = pathlib.Path(os.environ.get("PORTABLE_LOADER_DATA", ROOT.parent / "shared" / "data"))
 PHI3 = DATA / "tokenizers" / "phi-3-mini"
