@@ -162,3 +162,18 @@ def test_two_process_job_matches_one_process_and_orbax_resumes_in_one(tmp_path):
     assert same(two, glob[:4])
     one = run_job(cache, str(tmp_path / "p1"), 1, 5, "load", ckpt)
     assert same(one, glob[4:9])
+
+
+def test_train_jax_resume_reproduces_the_loss_curve(tmp_path):
+    script = os.path.join(os.path.dirname(HERE), "scripts", "train_jax.py")
+    common = ["--cache-dir", str(tmp_path / "cache"), "--seq-len", "64", "--ckpt-every", "4"]
+
+    def run(*extra):
+        r = subprocess.run([sys.executable, script, *common, *extra], capture_output=True, text=True, cwd=tmp_path, timeout=300)
+        assert r.returncode == 0, r.stderr[-3000:]
+        return [line for line in r.stdout.splitlines() if line.startswith("{")]
+
+    full = run("--steps", "10")
+    head = run("--steps", "5", "--ckpt", str(tmp_path / "ck"))
+    tail = run("--steps", "10", "--ckpt", str(tmp_path / "ck"), "--resume")
+    assert head + tail == full and len(full) == 10

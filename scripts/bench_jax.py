@@ -1,0 +1,88 @@
+"""Benchmark: JaxLoader with and without device prefetch, against a training step of fixed cost.
+
+    python scripts/bench_jax.py                 # CPU devices here; the same on TPU/GPU
+
+Packed global batches of 64 x 2048 from the bundled sample go into global jax.Arrays sharded over
+all devices. The "step" is a fixed cost: ``--step sleep`` (stands for an accelerator step, which
+leaves the host free) or ``--step matmul`` (a jitted matmul loop, blocked on). Without prefetch a
+step costs load + step; with ``prefetch=2`` it should cost max(load, step).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+
+import jax
+import jax.numpy as jnp
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from bench_sampler import machine  # noqa: E402
+
+import portable_loader as pl  # noqa: E402
+from portable_loader.adapters.jax import JaxLoader  # noqa: E402
+from portable_loader.precache import SAMPLE_INPUT, SAMPLE_TOKENIZER, _sample  # noqa: E402
+
+
+def make_step(kind: str, ms: float):
+    if kind == "sleep":
+        return lambda batch: time.sleep(ms / 1000)
+    a = jnp.ones((256, 256))
+
+    @jax.jit
+    def mm(x, n):
+        return jax.lax.fori_loop(0, n, lambda i, y: jnp.tanh(y @ x), x)
+
+    mm(a, 10).block_until_ready()  # compile (the trip count is traced, not baked in)
+    t = time.perf_counter()
+    mm(a, 10).block_until_ready()
+    reps = max(1, int(10 * ms / 1000 / (time.perf_counter() - t)))
+    return lambda batch: mm(a, reps).block_until_ready()
+
+
+def per_step(loader, prefetch: int, step, steps: int) -> float:
+    with JaxLoader(loader, prefetch=prefetch) as jl:
+        for _ in range(3):
+            step(next(jl))
+        t = time.perf_counter()
+        for _ in range(steps):
+            batch = next(jl)
+            batch["input_ids"].block_until_ready()
+            step(batch)
+        return (time.perf_counter() - t) / steps
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--step", choices=("sleep", "matmul"), default="sleep")
+    p.add_argument("--steps", type=int, default=40)
+    p.add_argument("--batch", type=int, default=64)
+    p.add_argument("--seq-len", type=int, default=2048)
+    p.add_argument("--cache-dir", default="portable_loader_cache")
+    args = p.parse_args()
+    cache = pl.precache(_sample(SAMPLE_INPUT), tokenizer=_sample(SAMPLE_TOKENIZER), format="chat", out=args.cache_dir)
+    loader = pl.DataLoader(pl.open_cache(cache), global_batch_size=args.batch, seq_len=args.seq_len, seed=0,
+                           packing=True, prefetch=0)
+    load = per_step(loader, 0, lambda b: None, args.steps)
+    print(f"machine: {machine()}; {len(jax.devices())} {jax.devices()[0].platform} devices; batches "
+          f"{args.batch}x{args.seq_len} packed; step = {args.step}")
+    print(f"load into device arrays alone: {load * 1e3:.1f} ms per batch ({1 / load:,.0f} batches/s)\n")
+    print("| step cost | no prefetch ms/step | prefetch=2 ms/step | ideal max(step, load) | prefetch vs none |")
+    print("|---|---|---|---|---|")
+    for ms in (0.5 * load * 1e3, load * 1e3, 2 * load * 1e3):
+        step = make_step(args.step, ms)
+        t = time.perf_counter()
+        for _ in range(5):
+            step(None)
+        step_ms = (time.perf_counter() - t) / 5 * 1e3
+        none = per_step(loader, 0, step, args.steps) * 1e3
+        ahead = per_step(loader, 2, step, args.steps) * 1e3
+        print(f"| {step_ms:.1f} ms | {none:.1f} | {ahead:.1f} | {max(step_ms, load * 1e3):.1f} | {none / ahead:.2f}x |",
+              flush=True)
+
+
+if __name__ == "__main__":
+    main()
