@@ -33,3 +33,21 @@ def gpt2():
     from portable_loader.tokenize import load_tokenizer
 
     return load_tokenizer(need(GPT2))
+
+
+def run_ranks(script: str, n: int, args, env=None, timeout: int = 300) -> None:
+    """Start ``n`` processes of ``script`` (one per rank) on a free localhost port; all must exit 0.
+
+    ``args(rank, port)`` gives each process's arguments.
+    """
+    import socket
+    import subprocess
+    import sys
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    procs = [subprocess.Popen([sys.executable, script, *map(str, args(r, port))], stderr=subprocess.PIPE, text=True, env=env)
+             for r in range(n)]
+    errs = [p.communicate(timeout=timeout)[1] for p in procs]
+    assert [p.returncode for p in procs] == [0] * n, [e[-3000:] for e in errs]

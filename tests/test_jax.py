@@ -2,7 +2,6 @@
 Orbax and Grain checkpoint round trips, and a real two-process JAX job resumed in one process."""
 
 import os
-import socket
 import subprocess
 import sys
 
@@ -119,21 +118,13 @@ def test_misaligned_shard_is_refused():
 # --- a real two-process job -------------------------------------------------------------------
 
 
-def _port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def run_job(cache, out, nproc, steps, *extra):
+    from conftest import run_ranks
+
     os.makedirs(out, exist_ok=True)
-    port = _port()
-    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
-    procs = [subprocess.Popen([sys.executable, os.path.join(HERE, "jax_dist_job.py"), cache, out, str(i), str(nproc),
-                               str(port), str(steps), *extra], stderr=subprocess.PIPE, text=True, env=env)
-             for i in range(nproc)]
-    errs = [p.communicate(timeout=300)[1] for p in procs]
-    assert [p.returncode for p in procs] == [0] * nproc, [e[-3000:] for e in errs]
+    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}  # each process sets its own 4 devices
+    run_ranks(os.path.join(HERE, "jax_dist_job.py"), nproc,
+              lambda i, port: [cache, out, i, nproc, port, steps, *extra], env=env)
     batches = [dict() for _ in range(steps)]
     seen = [np.zeros(8, int) for _ in range(steps)]
     for i in range(nproc):

@@ -2,7 +2,6 @@
 per-token oracle, failures and shutdown, torch.save and DCP round trips, a real gloo job."""
 
 import os
-import socket
 import subprocess
 import sys
 import threading
@@ -142,19 +141,11 @@ def test_dcp_round_trip_single_process(tmp_path):
 # --- a real multi-process job ---------------------------------------------------------------------
 
 
-def _port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def run_job(cache, out, world, steps, *extra):
+    from conftest import run_ranks
+
     os.makedirs(out, exist_ok=True)
-    port = _port()
-    procs = [subprocess.Popen([sys.executable, os.path.join(HERE, "torch_dist_job.py"), cache, out, str(r), str(world),
-                               str(port), str(steps), *extra], stderr=subprocess.PIPE, text=True) for r in range(world)]
-    errs = [p.communicate(timeout=300)[1] for p in procs]
-    assert [p.returncode for p in procs] == [0] * world, errs
+    run_ranks(os.path.join(HERE, "torch_dist_job.py"), world, lambda r, port: [cache, out, r, world, port, steps, *extra])
     ranks = [np.load(os.path.join(out, f"rank{r}.npz")) for r in range(world)]
     keys = sorted({k.rsplit("_", 1)[0] for k in ranks[0].files})
     return [{k: np.concatenate([z[f"{k}_{i}"] for z in ranks]) for k in keys} for i in range(steps)]
