@@ -175,6 +175,8 @@ class JsonLinesTable(_LineTable):
                 row = BadRowError(self.path, f"line {line_no + 1}", None, f"not UTF-8: {e.reason}")
             except json.JSONDecodeError as e:
                 row = BadRowError(self.path, f"line {line_no + 1}", None, f"malformed JSON: {e.msg} at column {e.colno}")
+            except RecursionError:
+                row = BadRowError(self.path, f"line {line_no + 1}", None, "JSON nested too deeply")
             if not isinstance(row, (dict, BadRowError)):
                 row = BadRowError(self.path, f"line {line_no + 1}", None, f"expected a JSON object, got {type(row).__name__}")
             yield line_no, row
@@ -216,6 +218,8 @@ class JsonListTable(InputTable):
             raise InputError(f"{self.path}: not UTF-8: {e.reason}") from None
         except json.JSONDecodeError as e:
             raise BadRowError(self.path, f"line {e.lineno}", None, f"malformed JSON: {e.msg} at column {e.colno}") from None
+        except RecursionError:
+            raise InputError(f"{self.path}: JSON nested too deeply") from None
         except OSError as e:
             raise InputError(f"{self.path}: cannot read: {e}") from None
         if not isinstance(rows, list):

@@ -86,6 +86,7 @@ _SHAREGPT_ROLES = {
     "system": "system",
 }
 _CHAT_ROLES = ("system", "user", "assistant")
+_MARK = "\ue000portable_loader:{}\ue001"  # private-use characters around a turn number
 
 
 def _tokenizer_dir(path: str) -> str:
@@ -239,8 +240,8 @@ class Formatter:
 
     def _text_field(self, row, name, where, required=True) -> str | None:
         value = self._field(row, name, where, required)
-        if value is not None and not isinstance(value, str):
-            raise BadRowError(self.path, where(), self.fields.get(name, name), f"expected a string, got {type(value).__name__}")
+        if value is not None:
+            _check_text(value, self.path, where, self.fields.get(name, name))
         return value
 
     def _render_text(self, row, where):
@@ -274,8 +275,7 @@ class Formatter:
             role = roles.get(role) if roles is not None and isinstance(role, str) else role
             if role not in _CHAT_ROLES:
                 raise BadRowError(self.path, where(), f"{field}.{role_key}", f"unknown chat role {turn.get(role_key)!r}")
-            if not isinstance(content, str):
-                raise BadRowError(self.path, where(), f"{field}.{text_key}", f"expected a string, got {type(content).__name__}")
+            _check_text(content, self.path, where, f"{field}.{text_key}")
             messages.append({"role": role, "content": content})
         return messages
 
@@ -283,22 +283,28 @@ class Formatter:
         messages = self._messages(row, where)
         try:
             text = self.tok.apply_chat_template(messages, tokenize=False)
+            # The same conversation with each content replaced by a marker says exactly where each
+            # content starts, even when it also occurs in the template's own text ("assistant", "|").
+            marked = self.tok.apply_chat_template(
+                [dict(m, content=_MARK.format(i)) for i, m in enumerate(messages)], tokenize=False
+            )
         except Exception as e:  # the template's own raise_exception, or a jinja error
             raise BadRowError(self.path, where(), "messages", f"chat template failed: {e}") from None
-        spans, cursor = [], 0
-        for m in messages:
-            content = m["content"]
-            if not content:
-                continue
-            start = text.find(content, cursor)
-            if start < 0:
+        spans, shift, at = [], 0, 0
+        for i, m in enumerate(messages):
+            content, mark = m["content"], _MARK.format(i)
+            found = marked.find(mark, at)
+            start = found + shift
+            if found < 0 or text[start : start + len(content)] != content:
+                if m["role"] != "assistant" and found < 0:
+                    continue  # a turn the template leaves out
                 raise BadRowError(
                     self.path, where(), "messages",
                     f"the chat template does not embed this {m['role']} turn verbatim; cannot place the loss mask",
                 )
-            end = cursor = start + len(content)
-            if m["role"] == "assistant":
-                spans.append((start, self._end_of_turn(text, end)))
+            at, shift = found + len(mark), shift + len(content) - len(mark)
+            if m["role"] == "assistant" and content:
+                spans.append((start, self._end_of_turn(text, start + len(content))))
         return text, spans
 
     def _end_of_turn(self, text: str, end: int) -> int:
@@ -376,6 +382,15 @@ class Formatter:
             return "no_target"
         self.truncated += cut
         return ids, mask
+
+
+def _check_text(value, path: str, where: Callable[[], str], field: str) -> None:
+    if not isinstance(value, str):
+        raise BadRowError(path, where(), field, f"expected a string, got {type(value).__name__}")
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as e:  # a lone surrogate from a JSON "\\udXXX" escape: not text
+        raise BadRowError(path, where(), field, f"not valid Unicode: {e.reason} at character {e.start}") from None
 
 
 def _find(seq: list, sub: list) -> int:
