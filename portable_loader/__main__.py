@@ -63,4 +63,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    try:
+        sys.exit(main())
+    except KeyboardInterrupt:  # the with blocks above have already stopped every worker
+        print("interrupted", file=sys.stderr)
+        sys.exit(130)

@@ -12,6 +12,7 @@ batch without replaying any. The model attends only within each packed document 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import sys
@@ -101,7 +102,8 @@ def main(argv=None) -> int:
             loss.backward()
             opt.step()
             step += 1
-            line = {"step": step, "loss": loss.item()}
+            digest = hashlib.sha256(batch["input_ids"].numpy().tobytes()).hexdigest()[:16]
+            line = {"step": step, "loss": loss.item(), "batch": digest}
             print(json.dumps(line))
             if log:
                 log.write(json.dumps(line) + "\n")

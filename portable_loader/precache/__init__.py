@@ -231,14 +231,18 @@ def build_cache(
         tok = _tokenizer(config["tokenizer"], chat_template, eos_token, key)
         # Validates the format against the tokenizer (EOS, chat template) before any work.
         Formatter(format, tok, fields=fields, max_length=max_length, overlong=overlong, path=input)
-        tmp = cache_mod.temp_dir(out, name)
+        tmp = None
         try:
+            tmp = cache_mod.temp_dir(out, name)
             manifest = _tokenize_into(tmp, table, config, num_workers, show_progress, key)
             manifest.update(key=key, key_parts=key_parts, config=config)
             cache_mod.write_manifest(tmp, manifest)
             cache_mod.publish(tmp, final, replace=force)
-        except BaseException:
-            shutil.rmtree(tmp, ignore_errors=True)
+        except BaseException as e:
+            if tmp is not None:
+                shutil.rmtree(tmp, ignore_errors=True)
+            if isinstance(e, OSError):  # ENOSPC, EFBIG, EACCES, EIO while writing: not a bug of ours
+                raise CacheError(f"{out}: cannot write the cache: {e.strerror or e} (nothing was published)") from e
             raise
     seconds = time.perf_counter() - t0
     return final, {**manifest["counts"], "hit": False, "seconds": seconds, "path": final}
