@@ -16,7 +16,6 @@ Then: time to the first batch after set_state at step 0 and at step 10**6, and R
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import shutil
 import sys

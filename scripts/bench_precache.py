@@ -21,7 +21,6 @@ import argparse
 import json
 import multiprocessing as mp
 import os
-import resource
 import shutil
 import subprocess
 import sys
@@ -172,19 +171,15 @@ def open_probe(path: str, how: str) -> str:
     import pyarrow  # noqa: F401  (loaded in any trainer; its import is not the open's cost)
 
     if how != "open_cache":
-        import datasets  # noqa: F401
+        import datasets
     before = _rss_mib()
     t = time.perf_counter()
     if how == "open_cache":
         src = pl.open_cache(path)
         n = len(src)
     elif how == "load_from_disk":
-        import datasets
-
         n = len(datasets.load_from_disk(path))
     else:
-        import datasets
-
         n = len(datasets.load_from_disk(path).to_list())
     seconds = time.perf_counter() - t
     opened = _rss_mib()

@@ -3,7 +3,6 @@ losses of an uninterrupted run (across loader epochs, with gradient accumulation
 
 import hashlib
 import json
-import os
 
 import pytest
 

@@ -10,7 +10,6 @@ restores one before loading.
 import sys
 
 import numpy as np
-import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 
