@@ -236,16 +236,16 @@ class _CacheSource:
     def __len__(self) -> int:
         return self._len
 
-    def _check(self, index) -> int:
-        index = int(index)
-        if index < 0:
-            index += self._len
-        if not 0 <= index < self._len:
-            raise IndexError(f"record {index} out of range for a cache of {self._len} records ({self.path})")
-        return index
+    def _indices(self, indices) -> np.ndarray:
+        """Indices as int64, negative ones counted from the end; IndexError for any out of range."""
+        idx = np.asarray(indices, dtype=np.int64).reshape(-1)
+        if idx.size and (idx.min() < -self._len or idx.max() >= self._len):
+            bad = idx[(idx < -self._len) | (idx >= self._len)][0]
+            raise IndexError(f"record {int(bad)} out of range for a cache of {self._len} records ({self.path})")
+        return np.where(idx < 0, idx + self._len, idx)
 
-    def __getitems__(self, indices: Sequence[int]) -> list[dict]:
-        return [self[i] for i in indices]
+    def __getitem__(self, index: int) -> dict:
+        return self.__getitems__([index])[0]
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.path!r}, records={self._len})"
@@ -287,20 +287,8 @@ class ArrowCacheSource(_CacheSource):
         # One entry per written batch (up to 65,536 records), never one per record.
         self._seg_starts = np.asarray(starts + [row], dtype=np.int64)
 
-    def __getitem__(self, index: int) -> dict:
-        index = self._check(index)
-        seg = int(np.searchsorted(self._seg_starts, index, side="right")) - 1
-        j = index - int(self._seg_starts[seg])
-        offsets = self._offsets[seg]
-        a, b = int(offsets[j]), int(offsets[j + 1])
-        return {"input_ids": self._ids[seg][a:b], "loss_mask": self._mask[seg][a:b]}
-
     def __getitems__(self, indices: Sequence[int]) -> list[dict]:
-        idx = np.asarray(indices, dtype=np.int64)
-        if idx.size and (idx.min() < -self._len or idx.max() >= self._len):
-            bad = idx[(idx < -self._len) | (idx >= self._len)][0]
-            raise IndexError(f"record {int(bad)} out of range for a cache of {self._len} records ({self.path})")
-        idx = np.where(idx < 0, idx + self._len, idx)
+        idx = self._indices(indices)
         segs = np.searchsorted(self._seg_starts, idx, side="right") - 1
         local = idx - self._seg_starts[segs]
         out = []
@@ -312,7 +300,7 @@ class ArrowCacheSource(_CacheSource):
 
     def lengths(self, indices: Sequence[int] | np.ndarray) -> np.ndarray:
         """Token counts of records, vectorized (what a packer needs before it reads anything)."""
-        idx = np.asarray(indices, dtype=np.int64)
+        idx = self._indices(indices)
         seg = np.searchsorted(self._seg_starts, idx, side="right") - 1
         out = np.empty(idx.shape, dtype=np.int64)
         for s in np.unique(seg).tolist():
@@ -342,11 +330,8 @@ class ArrayRecordCacheSource(_CacheSource):
             "loss_mask": np.frombuffer(raw, dtype=np.uint8, offset=4 * n),
         }
 
-    def __getitem__(self, index: int) -> dict:
-        return self.__getitems__([index])[0]
-
     def __getitems__(self, indices: Sequence[int]) -> list[dict]:
-        idx = np.asarray([self._check(i) for i in indices], dtype=np.int64)
+        idx = self._indices(indices)
         shard = np.searchsorted(self._shard_starts, idx, side="right") - 1
         out: list = [None] * idx.size
         for s in np.unique(shard).tolist():
