@@ -22,7 +22,7 @@ import threading
 import traceback
 
 from portable_loader.cache import pid_alive
-from portable_loader.loader import build_batch
+from portable_loader.loader import InlineEngine, build_batch
 from portable_loader.plan import Cursor, Planner
 
 __all__ = ["Producer", "thread_engine", "ProcessEngine", "WorkerError"]
@@ -104,17 +104,8 @@ class Producer:
 
 
 def thread_engine(loader, planner: Planner, cursor: Cursor) -> Producer:
-    """One background thread plans, fetches and collates up to ``prefetch`` steps ahead."""
-    at = [cursor]
-
-    def produce():
-        planned = planner.step(at[0])
-        if planned is None:
-            raise StopIteration
-        rows, at[0] = planned
-        return build_batch(loader.source, loader.local_rows(rows), loader.seq_len, loader.pad_id), at[0]
-
-    return Producer(produce, loader.prefetch, "portable_loader-prefetch")
+    """One background thread runs the inline engine up to ``prefetch`` steps ahead."""
+    return Producer(InlineEngine(loader, planner, cursor).next, loader.prefetch, "portable_loader-prefetch")
 
 
 def _worker_main(index: int, loader, inbox, outbox) -> None:
