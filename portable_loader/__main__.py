@@ -21,7 +21,7 @@ import numpy as np
 
 from portable_loader.cache import open_cache
 from portable_loader.loader import DataLoader
-from portable_loader.precache import SAMPLE_INPUT, SAMPLE_TOKENIZER, _sample, build_cache
+from portable_loader.precache import build_cache, sample_args
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -33,7 +33,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seq-len", type=int, default=256)
     args = p.parse_args(argv)
 
-    path, s = build_cache(_sample(SAMPLE_INPUT), tokenizer=_sample(SAMPLE_TOKENIZER), format="chat", out=args.out)
+    path, s = build_cache(**sample_args(), out=args.out)
     print(f"cache: {path} ({s['rows_out']} records, {s['tokens']} tokens, {'hit' if s['hit'] else 'built'})")
     loader = DataLoader(
         open_cache(path), global_batch_size=args.global_batch_size, seq_len=args.seq_len, seed=0, packing=True,

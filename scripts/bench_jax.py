@@ -24,7 +24,7 @@ from bench_sampler import machine  # noqa: E402
 
 import portable_loader as pl  # noqa: E402
 from portable_loader.adapters.jax import JaxLoader  # noqa: E402
-from portable_loader.precache import SAMPLE_INPUT, SAMPLE_TOKENIZER, _sample  # noqa: E402
+from portable_loader.precache import sample_args  # noqa: E402
 
 
 def make_step(kind: str, ms: float):
@@ -63,7 +63,7 @@ def main() -> None:
     p.add_argument("--seq-len", type=int, default=2048)
     p.add_argument("--cache-dir", default="portable_loader_cache")
     args = p.parse_args()
-    cache = pl.precache(_sample(SAMPLE_INPUT), tokenizer=_sample(SAMPLE_TOKENIZER), format="chat", out=args.cache_dir)
+    cache = pl.precache(**sample_args(), out=args.cache_dir)
     loader = pl.DataLoader(pl.open_cache(cache), global_batch_size=args.batch, seq_len=args.seq_len, seed=0,
                            packing=True, prefetch=0)
     load = per_step(loader, 0, lambda b: None, args.steps)

@@ -25,7 +25,7 @@ from bench_sampler import machine  # noqa: E402
 
 import portable_loader as pl  # noqa: E402
 from portable_loader.adapters.torch import TorchLoader  # noqa: E402
-from portable_loader.precache import SAMPLE_INPUT, SAMPLE_TOKENIZER, _sample  # noqa: E402
+from portable_loader.precache import sample_args  # noqa: E402
 
 
 def make_step(kind: str, ms: float, device: torch.device):
@@ -78,7 +78,7 @@ def main() -> None:
         # A CPU step on all cores leaves none for collation to overlap with (on 2 cores, async then
         # loses ~10%); give the step one core, as a GPU step leaves the host's cores to the loader.
         torch.set_num_threads(max(1, (os.cpu_count() or 2) // 2))
-    cache = pl.precache(_sample(SAMPLE_INPUT), tokenizer=_sample(SAMPLE_TOKENIZER), format="chat", out=args.cache_dir)
+    cache = pl.precache(**sample_args(), out=args.cache_dir)
     loader = pl.DataLoader(pl.open_cache(cache), global_batch_size=args.batch, seq_len=args.seq_len, seed=0,
                            packing=True, prefetch=0)
     collate = per_step(loader, device, False, lambda: None, args.steps)

@@ -21,7 +21,7 @@ import time
 import numpy as np
 
 import portable_loader as pl
-from portable_loader.precache import SAMPLE_INPUT, SAMPLE_TOKENIZER, _sample
+from portable_loader.precache import sample_args
 
 
 def anon_rss_mib() -> float:
@@ -73,7 +73,7 @@ def main() -> int:
     p.add_argument("--csv")
     p.add_argument("--svg")
     args = p.parse_args()
-    cache = pl.precache(_sample(SAMPLE_INPUT), tokenizer=_sample(SAMPLE_TOKENIZER), format="chat", out=args.cache_dir)
+    cache = pl.precache(**sample_args(), out=args.cache_dir)
     loader = pl.DataLoader(pl.open_cache(cache), global_batch_size=8, seq_len=256, seed=0, packing=True,
                            num_workers=args.num_workers)
     it = iter(loader)

@@ -20,7 +20,7 @@ import transformers
 import portable_loader as pl
 from portable_loader.adapters.hf import PortableTrainer
 from portable_loader.adapters.torch import TorchLoader
-from portable_loader.precache import SAMPLE_INPUT, SAMPLE_TOKENIZER, _sample
+from portable_loader.precache import sample_args
 
 
 class _StopAfter(transformers.TrainerCallback):
@@ -45,7 +45,7 @@ def main(argv=None) -> int:
     p.add_argument("--cache-dir", default="portable_loader_cache")
     args = p.parse_args(argv)
 
-    cache = pl.precache(_sample(SAMPLE_INPUT), tokenizer=_sample(SAMPLE_TOKENIZER), format="chat", out=args.cache_dir)
+    cache = pl.precache(**sample_args(), out=args.cache_dir)
     loader = pl.DataLoader(pl.open_cache(cache), global_batch_size=8, seq_len=128, seed=0, packing=True)
     torch.manual_seed(0)
     config = transformers.LlamaConfig(vocab_size=1024, hidden_size=64, intermediate_size=128, num_hidden_layers=2,

@@ -23,7 +23,7 @@ from jax.sharding import NamedSharding, PartitionSpec
 
 import portable_loader as pl
 from portable_loader.adapters.jax import JaxLoader, LoaderRestore, LoaderSave
-from portable_loader.precache import SAMPLE_INPUT, SAMPLE_TOKENIZER, _sample
+from portable_loader.precache import sample_args
 
 VOCAB, DIM, HEADS = 1024, 64, 4
 
@@ -84,7 +84,7 @@ def main(argv=None) -> int:
     ap.add_argument("--seq-len", type=int, default=128)
     args = ap.parse_args(argv)
 
-    cache = pl.precache(_sample(SAMPLE_INPUT), tokenizer=_sample(SAMPLE_TOKENIZER), format="chat", out=args.cache_dir)
+    cache = pl.precache(**sample_args(), out=args.cache_dir)
     loader = pl.DataLoader(pl.open_cache(cache), global_batch_size=args.batch, seq_len=args.seq_len, seed=0, packing=True)
     params = init(jax.random.PRNGKey(0), args.seq_len)
     opt = {"t": jnp.zeros((), jnp.int32), "m": jax.tree.map(jnp.zeros_like, params), "v": jax.tree.map(jnp.zeros_like, params)}

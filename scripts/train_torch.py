@@ -23,7 +23,7 @@ import torch.nn.functional as F
 
 import portable_loader as pl
 from portable_loader.adapters.torch import TorchLoader
-from portable_loader.precache import SAMPLE_INPUT, SAMPLE_TOKENIZER, _sample
+from portable_loader.precache import sample_args
 
 
 class TinyLM(nn.Module):
@@ -80,7 +80,7 @@ def main(argv=None) -> int:
 
     torch.manual_seed(0)
     torch.use_deterministic_algorithms(True)
-    cache = pl.precache(_sample(SAMPLE_INPUT), tokenizer=_sample(SAMPLE_TOKENIZER), format="chat", out=args.cache_dir)
+    cache = pl.precache(**sample_args(), out=args.cache_dir)
     loader = pl.DataLoader(pl.open_cache(cache), global_batch_size=args.batch, seq_len=args.seq_len, seed=0,
                            packing=True, num_workers=args.num_workers)
     model = TinyLM(vocab=1024, max_len=args.seq_len)

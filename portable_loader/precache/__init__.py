@@ -44,17 +44,19 @@ from portable_loader.tokenize import (
     tokenizer_identity,
 )
 
-__all__ = ["precache", "build_cache", "main"]
+__all__ = ["precache", "build_cache", "main", "sample_args"]
 
 _ENCODE_ROWS = 256
 
 
-def _sample(name: str) -> str:
-    return str(resources.files("portable_loader") / "sample" / name)
+def sample_args() -> dict[str, str]:
+    """``input``, ``tokenizer`` and ``format`` of the chat sample bundled in the package.
 
-
-SAMPLE_INPUT = "sample_chat.jsonl"
-SAMPLE_TOKENIZER = "tokenizer"
+    Example:
+        >>> path = precache(**sample_args(), out="portable_loader_cache")  # doctest: +SKIP
+    """
+    folder = resources.files("portable_loader") / "sample"
+    return {"input": str(folder / "sample_chat.jsonl"), "tokenizer": str(folder / "tokenizer"), "format": "chat"}
 
 
 _progress = None  # per-worker row counters in shared memory, inherited from the parent
@@ -369,7 +371,8 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
 
     if args.input is None and args.format is None and args.tokenizer is None:
-        args.input, args.format, args.tokenizer = _sample(SAMPLE_INPUT), "chat", _sample(SAMPLE_TOKENIZER)
+        sample = sample_args()
+        args.input, args.format, args.tokenizer = sample["input"], sample["format"], sample["tokenizer"]
     missing = [f"--{n}" for n in ("input", "format", "tokenizer") if getattr(args, n) is None]
     if missing:
         p.error(f"missing {', '.join(missing)} (or give none of them to use the bundled sample)")
