@@ -74,7 +74,7 @@ def _tokenizer(path: str, chat_template: str | None, eos_token: str | None, file
 def _worker(task: dict, slot: int) -> dict:
     """Tokenize rows [lo, hi) of the input into one shard; return counts and checksums only."""
     cfg = task["config"]
-    table = open_input(cfg["input"], cfg["split"])
+    table = task["table"]  # the parent's: its line index is small, and a re-scan would read the whole input
     tok = _tokenizer(cfg["tokenizer"], cfg["chat_template"], cfg["eos_token"], task["tokenizer_files"])
     fmt = Formatter(
         cfg["format"], tok, fields=cfg["fields"], max_length=cfg["max_length"], overlong=cfg["overlong"],
@@ -261,6 +261,7 @@ def _tokenize_into(tmp: str, table, config: dict, num_workers: int | None, show_
             "hi": bounds[i + 1],
             "shard_path": os.path.join(tmp, cache_mod.shard_name(config["backend"], i, workers)),
             "tokenizer_files": key,
+            "table": table,
         }
         for i in range(workers)
     ]
