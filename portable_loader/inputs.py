@@ -76,8 +76,10 @@ class InputTable:
         return self.stop - self.start
 
     def identity(self) -> dict:
-        digest = _folder_digest(self.path) if os.path.isdir(self.path) else file_digest(self.path)
-        return {"kind": self.kind, "sha256": digest, "split": self.split, "rows": len(self)}
+        return {"kind": self.kind, "sha256": self._content_digest(), "split": self.split, "rows": len(self)}
+
+    def _content_digest(self) -> str:
+        return _folder_digest(self.path) if os.path.isdir(self.path) else file_digest(self.path)
 
     def where(self, row: int) -> str:
         return f"row {self.start + row}"
@@ -124,9 +126,13 @@ class _LineTable(InputTable):
         lines = 0
         offset = 0
         last = b"\n"
+        # A plain file's bytes are its identity: hash them in this pass rather than read them again.
+        h = None if self.gz else hashlib.sha256()
         try:
             with _open_bytes(path) as f:
                 while chunk := f.read(_SCAN_CHUNK):
+                    if h is not None:
+                        h.update(chunk)
                     nl = np.flatnonzero(np.frombuffer(chunk, dtype=np.uint8) == 10)
                     # Line number lines + j + 1 starts right after the j-th newline of this chunk.
                     starts = lines + np.arange(1, nl.size + 1)
@@ -139,7 +145,11 @@ class _LineTable(InputTable):
             raise InputError(f"{path}: cannot read: {e}") from None
         if last != b"\n":
             lines += 1  # a last line without a newline
+        self._digest = None if h is None else h.hexdigest()
         return checkpoints, lines
+
+    def _content_digest(self) -> str:
+        return self._digest or super()._content_digest()
 
     def where(self, row: int) -> str:
         return f"line {self.start + row + 1}"
