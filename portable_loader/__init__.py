@@ -9,7 +9,7 @@ Example:
 
 from portable_loader.cache import open_cache
 from portable_loader.loader import DataLoader
-from portable_loader.errors import BadRowError, CacheError, InputError, PortableLoaderError, TokenizerError
+from portable_loader.errors import BadRowError, CacheError, InputError, PortableLoaderError, StateError, TokenizerError
 from portable_loader.precache import precache
 from portable_loader.sampler import LCGSampler
 
@@ -20,6 +20,7 @@ __all__ = [
     "InputError",
     "LCGSampler",
     "PortableLoaderError",
+    "StateError",
     "TokenizerError",
     "open_cache",
     "precache",

@@ -25,19 +25,35 @@ from typing import Mapping, Sequence
 
 import numpy as np
 
-__all__ = ["pack", "collate", "Piece"]
+__all__ = ["OVERLONG", "pack", "collate", "Piece"]
 
 Piece = tuple  # (record_index, start, end)
 
 
-def pack(record_indices: np.ndarray, lengths: np.ndarray, seq_len: int) -> list[list[Piece]]:
+OVERLONG = ("split", "truncate", "drop")
+
+
+def pack(record_indices: np.ndarray, lengths: np.ndarray, seq_len: int, overlong: str = "split") -> list[list[Piece]]:
     """Pack records into rows of at most ``seq_len`` tokens, best-fit decreasing.
 
-    A record is split (into ``seq_len`` pieces and a remainder) only when it is longer than
-    ``seq_len``. Ties keep the window's order, so the result depends only on the inputs.
+    A record longer than ``seq_len`` follows ``overlong``: ``"split"`` cuts it into ``seq_len``
+    pieces and a remainder, ``"truncate"`` keeps its first ``seq_len`` tokens, ``"drop"`` leaves it
+    out. Ties keep the window's order, so the result depends only on the inputs. The rows come out
+    in creation order, which runs from the fullest rows to the emptiest: callers that train on them
+    reorder them (``Planner`` does).
+
+    Example:
+        >>> pack(np.array([1, 2]), np.array([5, 2]), seq_len=4, overlong="drop")
+        [[(2, 0, 2)]]
     """
+    if overlong not in OVERLONG:
+        raise ValueError(f"overlong must be one of {OVERLONG}, got {overlong!r}")
     pieces: list[Piece] = []
     for idx, n in zip(record_indices.tolist(), lengths.tolist()):
+        if n > seq_len and overlong != "split":
+            if overlong == "truncate":
+                pieces.append((idx, 0, seq_len))
+            continue
         for start in range(0, n, seq_len):
             pieces.append((idx, start, min(n, start + seq_len)))
     sizes = np.fromiter((p[2] - p[1] for p in pieces), dtype=np.int64, count=len(pieces))

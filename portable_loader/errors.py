@@ -40,3 +40,20 @@ class TokenizerError(PortableLoaderError):
 
 class CacheError(PortableLoaderError):
     """A cache that is missing, incomplete, corrupted or of another format version: never served."""
+
+
+class StateError(PortableLoaderError):
+    """A loader state that is malformed, edited, of another version or config, or past the stream's end.
+
+    Example:
+        >>> raise StateError("row", "past the end of window 3 (12 rows)")
+        Traceback (most recent call last):
+        portable_loader.errors.StateError: loader state: field 'row': past the end of window 3 (12 rows)
+    """
+
+    def __init__(self, field: str | None, problem: str):
+        self.field, self.problem = field, problem
+        super().__init__(f"loader state: field {field!r}: {problem}" if field else f"loader state: {problem}")
+
+    def __reduce__(self):  # survives the trip from a worker process
+        return (type(self), (self.field, self.problem))

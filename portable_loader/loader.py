@@ -28,13 +28,12 @@ from typing import Any, Iterator, Sequence
 
 import numpy as np
 
-from portable_loader.collate import collate
+from portable_loader.collate import OVERLONG, collate
 from portable_loader.plan import Cursor, Planner
 from portable_loader.sampler import LCGSampler
+from portable_loader.state import STATE_VERSION, check_state, make_state
 
 __all__ = ["Closing", "DataLoader", "LoaderIterator", "InlineEngine", "STATE_VERSION", "build_batch"]
-
-STATE_VERSION = 1
 
 
 def _source_identity(source) -> str:
@@ -63,6 +62,24 @@ def build_batch(source, rows, seq_len: int, pad_id: int) -> dict[str, np.ndarray
     wanted = sorted({piece[0] for row in rows for piece in row})
     records = dict(zip(wanted, _fetch(source, wanted)))
     return collate(rows, records, seq_len, pad_id)
+
+
+def _overlong_policy(overlong: str, source, packing: bool) -> str:
+    """Resolve ``"auto"``: split pretraining text when packing, else keep each record's head.
+
+    Alpaca and chat records put the prompt first, so a piece after the first would train on a
+    response cut off from its prompt; a source without a manifest could be either, so it gets the
+    safe choice.
+    """
+    if overlong == "auto":
+        manifest = getattr(source, "manifest", None)
+        fmt = manifest.get("config", {}).get("format") if isinstance(manifest, dict) else None
+        return "split" if packing and fmt == "text" else "truncate"
+    if overlong not in OVERLONG:
+        raise ValueError(f"overlong must be 'auto' or one of {OVERLONG}, got {overlong!r}")
+    if overlong == "split" and not packing:
+        raise ValueError("overlong='split' needs packing=True: a padded row holds one record")
+    return overlong
 
 
 class DataLoader:
@@ -95,6 +112,7 @@ class DataLoader:
         shard_count: int | None = None,
         packing_window: int = 1024,
         pad_id: int = 0,
+        overlong: str = "auto",
     ):
         for name, value, low in (
             ("global_batch_size", global_batch_size, 1), ("seq_len", seq_len, 1), ("num_workers", num_workers, 0),
@@ -120,6 +138,7 @@ class DataLoader:
         self.num_workers, self.prefetch = int(num_workers), int(prefetch)
         self.shard_index, self.shard_count = int(shard_index), int(shard_count)
         self.packing_window, self.pad_id = int(packing_window), int(pad_id)
+        self.overlong = _overlong_policy(overlong, source, self.packing)
         self.sampler = LCGSampler(len(source), seed=self.seed, shuffle=self.shuffle, num_epochs=num_epochs)
         self.config = {
             "source": _source_identity(source),
@@ -131,6 +150,7 @@ class DataLoader:
             "num_epochs": num_epochs,
             "packing_window": self.packing_window if self.packing else None,
             "pad_id": self.pad_id,
+            "overlong": self.overlong,
         }
         self.fingerprint = hashlib.sha256(json.dumps(self.config, sort_keys=True).encode()).hexdigest()[:32]
 
@@ -144,7 +164,7 @@ class DataLoader:
             self.source, global_batch_size=self.global_batch_size, seq_len=self.seq_len, seed=self.seed,
             packing=self.packing, shuffle=self.shuffle, num_epochs=self.num_epochs, num_workers=self.num_workers,
             prefetch=self.prefetch, shard_index=shard_index, shard_count=shard_count,
-            packing_window=self.packing_window, pad_id=self.pad_id,
+            packing_window=self.packing_window, pad_id=self.pad_id, overlong=self.overlong,
         )
 
     @property
@@ -155,7 +175,47 @@ class DataLoader:
         return Planner(
             self.sampler, len(self.source), global_batch_size=self.global_batch_size, seq_len=self.seq_len,
             packing=self.packing, window=self.packing_window, lengths=lambda idx: _lengths(self.source, idx),
+            overlong=self.overlong, cheap_lengths=hasattr(self.source, "lengths"),
         )
+
+    def num_steps(self, num_epochs: int | None = None, *, estimate: bool = False) -> int:
+        """Global steps that ``num_epochs`` epochs make (default: the loader's ``num_epochs``).
+
+        It is the number of batches a loader with that ``num_epochs`` yields (the last may be partly
+        padding), for a Trainer's ``max_steps``. Padding: exact, O(1). Packing: exact by planning
+        every window (reads every record's length: O(records)), or ``estimate=True`` from 32 evenly
+        spaced windows (see docs/loader.md for its error).
+
+        Example:
+            >>> loader = DataLoader([{"input_ids": np.arange(3)}] * 10, global_batch_size=4, seq_len=8)
+            >>> loader.num_steps(1), loader.num_steps(3)
+            (3, 8)
+        """
+        epochs = self.num_epochs if num_epochs is None else num_epochs
+        if epochs is None:
+            raise ValueError("num_steps needs num_epochs: this loader's stream is endless")
+        sampler = LCGSampler(len(self.source), seed=self.seed, shuffle=self.shuffle, num_epochs=epochs)
+        planner = Planner(
+            sampler, len(self.source), global_batch_size=self.global_batch_size, seq_len=self.seq_len,
+            packing=self.packing, window=self.packing_window, lengths=lambda idx: _lengths(self.source, idx),
+            overlong=self.overlong,
+        )
+        return planner.num_steps(estimate=estimate)
+
+    def steps_per_epoch(self, *, estimate: bool = False) -> int:
+        """``num_steps(1)``: the steps of one epoch, its last batch counted even when partial."""
+        return self.num_steps(1, estimate=estimate)
+
+    def check_state(self, state) -> dict[str, Any]:
+        """The state as a dict if this loader can resume from it; ``StateError`` naming the field if not.
+
+        Example:
+            >>> loader.check_state(b"not json")   # doctest: +SKIP
+            Traceback (most recent call last):
+            portable_loader.errors.StateError: loader state: is not JSON (...): refused
+        """
+        cursor = check_state(state, self, self.planner())
+        return make_state(self, cursor)
 
     def local_rows(self, rows: Sequence) -> Sequence:
         b = self.local_batch_size
@@ -201,14 +261,26 @@ class LoaderIterator(Closing, Iterator[dict]):
         self._cursor = Cursor(0, 0, 0)
         self._engine = None
         self._tokens = self._slots = 0
+        self._overlong = dict.fromkeys(OVERLONG, 0)
 
     @property
     def stats(self) -> dict[str, float]:
-        """Real tokens and slots of the batches returned so far, and their ratio (packing efficiency)."""
+        """Of the batches returned so far: real tokens, slots, their ratio (packing efficiency), and
+        how many records longer than ``seq_len`` were ``split``, ``truncated`` and ``dropped``
+        (None: not counted, for a padded loader over a source without ``lengths()``, where counting
+        would read every record twice).
+
+        Example:
+            >>> it.stats["dropped"]   # doctest: +SKIP
+            0
+        """
         return {
             "tokens": self._tokens,
             "slots": self._slots,
             "packing_efficiency": self._tokens / self._slots if self._slots else 0.0,
+            "split": self._overlong["split"],
+            "truncated": self._overlong["truncate"],
+            "dropped": self._overlong["drop"],
         }
 
     # --- iteration ----------------------------------------------------------------------------
@@ -233,6 +305,9 @@ class LoaderIterator(Closing, Iterator[dict]):
             self.close()  # a later next() starts afresh from the last batch returned
             raise
         self._cursor = cursor
+        for policy, count in self._planner.counts.pop(cursor.step - 1, {}).items():
+            if self._overlong[policy] is not None:
+                self._overlong[policy] = None if count is None else self._overlong[policy] + count
         self._tokens += int(np.count_nonzero(batch["segment_ids"]))
         self._slots += batch["segment_ids"].size
         return batch
@@ -249,39 +324,17 @@ class LoaderIterator(Closing, Iterator[dict]):
     # --- state --------------------------------------------------------------------------------
 
     def get_state(self) -> dict[str, Any]:
-        """A small JSON-serializable dict: version, config fingerprint and stream position."""
-        c = self._cursor
-        return {
-            "version": STATE_VERSION,
-            "fingerprint": self.loader.fingerprint,
-            "config": {k: v for k, v in self.loader.config.items() if k != "source"},
-            "step": c.step,
-            "window": c.window,
-            "row": c.row,
-        }
+        """A small JSON-serializable dict: version, config fingerprint, stream position and a digest."""
+        return make_state(self.loader, self._cursor)
 
-    def set_state(self, state: dict[str, Any]) -> None:
-        """Continue right after the batch the state was taken at; O(1), no replay."""
-        if isinstance(state, (bytes, str)):
-            state = json.loads(state)
-        if not isinstance(state, dict) or state.get("version") != STATE_VERSION:
-            got = state.get("version") if isinstance(state, dict) else type(state).__name__
-            raise ValueError(f"loader state version {got!r} is not {STATE_VERSION}: refused")
-        if state.get("fingerprint") != self.loader.fingerprint:
-            mine = {k: v for k, v in self.loader.config.items() if k != "source"}
-            theirs = state.get("config", {})
-            diff = [f"{k}: state {theirs.get(k)!r}, loader {mine[k]!r}" for k in mine if theirs.get(k) != mine[k]]
-            raise ValueError(
-                "loader state belongs to another source or config: refused ("
-                + ("; ".join(diff) or "the source differs")
-                + ")"
-            )
-        cursor = Cursor(int(state["step"]), int(state["window"]), int(state["row"]))
-        if min(cursor) < 0:
-            raise ValueError(f"loader state has a negative position: {cursor}")
-        self.close()
-        self._cursor = cursor
+    def set_state(self, state: dict[str, Any] | str | bytes) -> None:
+        """Continue right after the batch the state was taken at; O(1) (packing: one window), no replay.
 
+        A state that is malformed, edited, of another version or config, or past the end of the
+        stream raises ``StateError`` naming the field, and leaves this iterator as it was.
+        """
+        self.close()  # the check may plan a window on the planner the prefetcher uses
+        self._cursor = check_state(state, self.loader, self._planner)
     def state_dict(self) -> dict[str, Any]:
         return self.get_state()
 

@@ -4,8 +4,15 @@ The global record stream is position ``p -> (epoch p // N, sampler(epoch, p % N)
 
 * Padding: step ``s`` takes positions ``[sB, (s+1)B)``, one record per row (cut to ``seq_len``).
 * Packing: the stream is cut into windows of ``W`` positions; each window is packed on its own (a
-  pure function of its records' lengths) and the row stream is the windows' rows in order. Step
-  ``s`` takes the next ``B`` rows.
+  pure function of its records' lengths) and the row stream is each window's rows in a keyed
+  pseudo-random order, a pure function of (seed, window). The packer creates rows from the fullest
+  to the emptiest; served in that order, the documents per row would rise and fall with a period of
+  one window (a length curriculum nobody asked for). Step ``s`` takes the next ``B`` rows.
+* Records longer than ``seq_len`` follow the ``overlong`` policy (``"split"`` only when packing,
+  ``"truncate"`` or ``"drop"``); ``counts`` holds, per step planned, how many records each policy
+  touched, until the caller takes it. Without packing, lengths are read only where they are cheap
+  (``cheap_lengths``: the source has ``lengths()``) or the policy is ``"drop"``; otherwise a
+  truncation is left to collation and not counted (None).
 
 A ``Cursor`` (step, window, row) is where the next step starts; restoring one re-plans at most one
 window, O(W), never O(steps). Hosts cut the same global rows at different offsets, so their number
@@ -21,16 +28,19 @@ Example:
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from typing import Callable, NamedTuple
 
 import numpy as np
 
-from portable_loader.collate import Piece, pack
-from portable_loader.sampler import LCGSampler
+from portable_loader.collate import OVERLONG, Piece, pack
+from portable_loader.sampler import LCGSampler, _splitmix64
 
 __all__ = ["Cursor", "Planner"]
 
 _CHUNK = 4096
+_ROW_ORDER_SALT = 0x0DE5_0F_1005  # keeps the row-order key apart from the sampler's epoch keys
+_KEPT_COUNTS = 1024  # per-step counts nobody takes (e.g. a bare Planner) stop growing here
 
 
 class Cursor(NamedTuple):
@@ -54,13 +64,22 @@ class Planner:
         packing: bool = False,
         window: int = 1024,
         lengths: Callable[[np.ndarray], np.ndarray] | None = None,
+        overlong: str | None = None,
+        cheap_lengths: bool = True,
     ):
+        overlong = overlong or ("split" if packing else "truncate")
+        if overlong not in OVERLONG or (overlong == "split" and not packing):
+            raise ValueError(f"overlong must be one of {OVERLONG} ('split' only when packing), got {overlong!r}")
         self.sampler, self.n = sampler, num_records
         self.batch, self.seq_len, self.packing, self.window = global_batch_size, seq_len, packing, window
         self.total = None if sampler.num_epochs is None else sampler.num_epochs * num_records
+        self.overlong, self.cheap_lengths = overlong, cheap_lengths
         self._lengths = lengths
-        self._windows: dict[int, list[list[Piece]] | None] = {}
+        self._windows: dict[int, tuple[list[list[Piece]], int] | None] = {}
         self._chunk: tuple[int, np.ndarray] | None = None
+        # step -> {policy: records it touched}; ordered so that trimming is one atomic popitem while
+        # a consumer thread pops its steps.
+        self.counts: OrderedDict[int, dict[str, int]] = OrderedDict()
 
     def records(self, lo: int, hi: int) -> np.ndarray:
         """Record indices at global stream positions ``[lo, hi)``.
@@ -80,19 +99,51 @@ class Planner:
             lo = end
         return parts[0] if len(parts) == 1 else np.concatenate(parts)
 
+    @property
+    def num_windows(self) -> int | None:
+        """Packing windows in a finite stream (the last one may be short); None when endless."""
+        return None if self.total is None else -(-self.total // self.window)
+
+    def _window_records(self, w: int) -> np.ndarray:
+        lo = w * self.window
+        hi = lo + self.window if self.total is None else min(lo + self.window, self.total)
+        return self.records(lo, hi)
+
     def window_rows(self, w: int) -> list[list[Piece]] | None:
+        """Window ``w``'s rows in serving order, or None past the end of a finite stream."""
+        planned = self._planned(w)
+        return None if planned is None else planned[0]
+
+    def _planned(self, w: int) -> tuple[list[list[Piece]], int] | None:
         if w not in self._windows:
-            lo = w * self.window
-            if self.total is not None and lo >= self.total:
-                rows = None
+            if self.num_windows is not None and w >= self.num_windows:
+                planned = None
             else:
-                hi = lo + self.window if self.total is None else min(lo + self.window, self.total)
-                recs = self.records(lo, hi)
-                rows = pack(recs, self._lengths(recs), self.seq_len)
+                recs = self._window_records(w)
+                lengths = self._lengths(recs)
+                rows = pack(recs, lengths, self.seq_len, self.overlong)
+                planned = (self.row_order(rows, w), int(np.count_nonzero(lengths > self.seq_len)))
             if len(self._windows) >= 2:
                 self._windows.pop(min(self._windows))
-            self._windows[w] = rows
+            self._windows[w] = planned
         return self._windows[w]
+
+    def row_order(self, rows: list, w: int) -> list:
+        """``rows`` in the keyed order of window ``w``: a permutation that depends on (seed, w) only.
+
+        The window index counts windows of the whole stream, so it also tells the epoch. Without
+        shuffling (an evaluation pass) the packer's order is kept.
+        """
+        if not self.sampler.shuffle or len(rows) < 2:
+            return rows
+        key = _splitmix64(self.sampler.seed ^ _splitmix64(w ^ _ROW_ORDER_SALT))
+        order = LCGSampler(len(rows), seed=key).record_indices(np.arange(len(rows), dtype=np.int64))
+        return [rows[i] for i in order.tolist()]
+
+    def _count(self, step: int, touched: int | None) -> None:
+        if len(self.counts) >= _KEPT_COUNTS:
+            self.counts.popitem(last=False)
+        self.counts[step] = {self.overlong: touched}
 
     def step(self, cur: Cursor) -> tuple[list[list[Piece]], Cursor] | None:
         if not self.packing:
@@ -100,15 +151,28 @@ class Planner:
             if self.total is not None and lo >= self.total:
                 return None
             hi = lo + self.batch if self.total is None else min(lo + self.batch, self.total)
-            # End = seq_len: collate cuts each record to its own length.
-            rows = [[(idx, 0, self.seq_len)] for idx in self.records(lo, hi).tolist()]
+            recs = self.records(lo, hi)
+            touched = None  # not counted: reading lengths here would fetch each record twice
+            if self._lengths is not None and (self.overlong == "drop" or self.cheap_lengths):
+                over = self._lengths(recs) > self.seq_len
+                touched = int(np.count_nonzero(over))
+                if self.overlong == "drop":
+                    recs = np.where(over, -1, recs)
+            # End = seq_len: collate cuts each record to its own length. A dropped record leaves
+            # its row empty, so positions and rows stay in step.
+            rows = [[(idx, 0, self.seq_len)] if idx >= 0 else [] for idx in recs.tolist()]
+            self._count(cur.step, touched)
             return rows + [[] for _ in range(self.batch - len(rows))], Cursor(cur.step + 1, 0, 0)
         rows: list[list[Piece]] = []
         w, r = cur.window, cur.row
+        touched = 0
         while len(rows) < self.batch:
-            window = self.window_rows(w)
-            if window is None:
+            planned = self._planned(w)
+            if planned is None:
                 break
+            window, over = planned
+            if r == 0:
+                touched += over  # a window's records count once, in the step that opens it
             take = window[r : r + self.batch - len(rows)]
             rows += take
             r += len(take)
@@ -116,4 +180,29 @@ class Planner:
                 w, r = w + 1, 0
         if not rows:
             return None
+        self._count(cur.step, touched)
         return rows + [[] for _ in range(self.batch - len(rows))], Cursor(cur.step + 1, w, r)
+
+    def num_steps(self, estimate: bool = False, sample_windows: int = 32) -> int:
+        """Global steps in this finite stream (the last one may be partly padding).
+
+        Padding: exact arithmetic. Packing: exact by packing every window (O(records)), or with
+        ``estimate=True`` from ``sample_windows`` evenly spaced full windows scaled to all of them.
+        """
+        if self.total is None:
+            raise ValueError("an endless stream (num_epochs=None) has no number of steps")
+        if not self.packing:
+            return -(-self.total // self.batch)
+        nwin = self.num_windows
+        if estimate and nwin > sample_windows + 1:
+            full = nwin - 1 if self.total % self.window else nwin
+            picks = np.linspace(0, full - 1, sample_windows).round().astype(np.int64)
+            per_window = np.mean([self._rows_in(int(w)) for w in picks])
+            rows = round(per_window * full) + (self._rows_in(nwin - 1) if full < nwin else 0)
+        else:
+            rows = sum(self._rows_in(w) for w in range(nwin))
+        return -(-rows // self.batch)
+
+    def _rows_in(self, w: int) -> int:
+        recs = self._window_records(w)
+        return len(pack(recs, self._lengths(recs), self.seq_len, self.overlong))

@@ -1,0 +1,148 @@
+"""The loader state: build it, and check it field by field before anything trusts it.
+
+A state is a JSON object with exactly these fields:
+
+* ``version``: ``STATE_VERSION``; states of another version describe another stream and are refused.
+* ``fingerprint``, ``config``: the loader config the state belongs to (``config`` only for messages).
+* ``step``, ``window``, ``row``: the stream position. Padding uses ``step``; packing uses ``window``
+  and ``row`` and counts steps in ``step`` (the trainer's step, which a packed stream cannot derive
+  from the position in O(1)).
+* ``digest``: a hash over all the other fields, so that a state whose fields were edited apart (for
+  instance a packed ``step`` that no longer matches its position) is refused instead of reported.
+
+Every problem raises ``StateError`` naming the field: wrong type, out of range, past the end of a
+finite stream, a row past its window, or a state that is not JSON at all.
+
+Example:
+    >>> import numpy as np, portable_loader as pl
+    >>> loader = pl.DataLoader([{"input_ids": np.arange(5)}] * 6, global_batch_size=2, seq_len=8, num_epochs=1)
+    >>> it = iter(loader)
+    >>> it.set_state(dict(it.get_state(), step=9))
+    Traceback (most recent call last):
+    portable_loader.errors.StateError: loader state: field 'digest': does not match the other fields (edited by hand or damaged): refused
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import sys
+from typing import Any
+
+from portable_loader.errors import StateError
+from portable_loader.plan import Cursor, Planner
+
+__all__ = ["STATE_VERSION", "make_state", "parse_state", "check_state"]
+
+# 2: packed rows are served in a keyed order per window (v1 served them in the packer's order), the
+# over-long policy joined the config, and the digest field was added.
+STATE_VERSION = 2
+_FIELDS = ("version", "fingerprint", "config", "step", "window", "row", "digest")
+
+
+def _digest(state: dict[str, Any]) -> str:
+    body = {k: v for k, v in state.items() if k != "digest"}
+    return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def make_state(loader, cursor: Cursor) -> dict[str, Any]:
+    """The state of ``loader`` positioned at ``cursor`` (what ``get_state`` returns).
+
+    Example:
+        >>> make_state(loader, Cursor(step=5, window=0, row=0))   # doctest: +SKIP
+    """
+    state = {
+        "version": STATE_VERSION,
+        "fingerprint": loader.fingerprint,
+        "config": {k: v for k, v in loader.config.items() if k != "source"},
+        "step": int(cursor.step),
+        "window": int(cursor.window),
+        "row": int(cursor.row),
+    }
+    state["digest"] = _digest(state)
+    return state
+
+
+def parse_state(raw) -> dict[str, Any]:
+    """A state dict from a dict, JSON text or JSON bytes; ``StateError`` for anything else.
+
+    Example:
+        >>> parse_state(b"\\xff\\x00")
+        Traceback (most recent call last):
+        portable_loader.errors.StateError: loader state: is not UTF-8 text: refused
+    """
+    if isinstance(raw, (bytes, bytearray)):
+        try:
+            raw = bytes(raw).decode("utf-8")
+        except UnicodeDecodeError:
+            raise StateError(None, "is not UTF-8 text: refused") from None
+    if isinstance(raw, str):
+        try:
+            raw = json.loads(raw)
+        except ValueError as e:
+            raise StateError(None, f"is not JSON ({e}): refused") from None
+    if not isinstance(raw, dict):
+        raise StateError(None, f"must be a JSON object (dict), got {type(raw).__name__}")
+    return raw
+
+
+def _int_field(state: dict, name: str) -> int:
+    value = state[name]
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise StateError(name, f"must be an integer, got {value!r} ({type(value).__name__})")
+    if not 0 <= value <= sys.maxsize:
+        raise StateError(name, f"must be in [0, {sys.maxsize}], got {value}")
+    return value
+
+
+def check_state(raw, loader, planner: Planner) -> Cursor:
+    """Validate a state for ``loader`` and return the position it names; ``StateError`` otherwise.
+
+    ``planner`` is the one the position will be served from: checking a packed ``row`` plans its
+    window (O(window)), which the restore then reuses.
+    """
+    state = parse_state(raw)
+    version = state.get("version")
+    if version != STATE_VERSION or isinstance(version, bool):
+        older = isinstance(version, int) and not isinstance(version, bool) and version < STATE_VERSION
+        why = " (written by an older portable_loader, whose stream differs)" if older else ""
+        raise StateError("version", f"{version!r} is not {STATE_VERSION}{why}: refused")
+    missing = [k for k in _FIELDS if k not in state]
+    if missing:
+        raise StateError(missing[0], "is missing")
+    extra = sorted(set(state) - set(_FIELDS), key=str)
+    if extra:
+        raise StateError(extra[0], "is not a loader state field: refused")
+    for name in ("fingerprint", "digest"):
+        if not isinstance(state[name], str):
+            raise StateError(name, f"must be a string, got {type(state[name]).__name__}")
+    if not isinstance(state["config"], dict):
+        raise StateError("config", f"must be an object, got {type(state['config']).__name__}")
+    step, window, row = (_int_field(state, k) for k in ("step", "window", "row"))
+    if state["digest"] != _digest(state):
+        raise StateError("digest", "does not match the other fields (edited by hand or damaged): refused")
+    if state["fingerprint"] != loader.fingerprint:
+        mine = {k: v for k, v in loader.config.items() if k != "source"}
+        theirs = state["config"]
+        diff = [f"{k}: state {theirs.get(k)!r}, loader {mine[k]!r}" for k in mine if theirs.get(k) != mine[k]]
+        raise StateError(
+            "fingerprint",
+            "belongs to another source or config: refused (" + ("; ".join(diff) or "the source differs") + ")",
+        )
+    if not planner.packing:
+        for name, value in (("window", window), ("row", row)):
+            if value:
+                raise StateError(name, f"must be 0 without packing, got {value}")
+        last = planner.num_steps() if planner.total is not None else (sys.maxsize - planner.batch) // planner.batch
+        if step > last:
+            raise StateError("step", f"{step} is past the end of the stream ({last} steps): refused")
+        return Cursor(step, 0, 0)
+    nwin = planner.num_windows
+    last = nwin if nwin is not None else (sys.maxsize - planner.window) // planner.window
+    if window > last:
+        raise StateError("window", f"{window} is past the end of the stream ({last} windows): refused")
+    rows = planner.window_rows(window) if window < last or nwin is None else None
+    size = 0 if rows is None else len(rows)
+    if row and row >= size:
+        raise StateError("row", f"{row} is past the end of window {window} ({size} rows): refused")
+    return Cursor(step, window, row)
