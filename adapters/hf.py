@@ -26,6 +26,7 @@ from transformers import Trainer, TrainerCallback
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, get_last_checkpoint
 
 from portable_loader.adapters.torch import TorchLoader
+from portable_loader.errors import StateError
 
 __all__ = ["PortableTrainer", "state_file"]
 
@@ -82,6 +83,10 @@ class PortableTrainer(Trainer):
             path = state_file(resume_from_checkpoint)
             if not os.path.isfile(path):
                 raise ValueError(f"{path}: no loader state in this checkpoint (was it written by PortableTrainer?)")
-            with open(path) as f:
-                self.train_loader.load_state_dict(json.load(f))
+            with open(path, "rb") as f:
+                try:
+                    saved = json.loads(f.read())
+                except ValueError as e:  # also UnicodeDecodeError
+                    raise StateError(None, f"{path}: is not JSON ({e}): refused") from None
+            self.train_loader.load_state_dict(saved)
         return super().train(resume_from_checkpoint=resume_from_checkpoint or None, **kwargs)

@@ -29,6 +29,8 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from portable_loader.loader import Closing, DataLoader
+from portable_loader.errors import StateError
+from portable_loader.state import parse_state
 from portable_loader.workers import Producer
 
 __all__ = ["JaxLoader", "LoaderSave", "LoaderRestore", "LoaderCheckpointHandler"]
@@ -117,8 +119,8 @@ class JaxLoader(Closing):
 
     def set_state(self, state: bytes | str | dict) -> None:
         """Continue right after the saved batch; refuses a state of another source or config."""
-        if isinstance(state, (bytes, str)):
-            state = json.loads(state)
+        # Checked before the prefetcher is stopped, so a refused state changes nothing.
+        state = self._it.loader.check_state(state)
         producer, self._producer = self._producer, None
         if producer is not None:
             producer.close()
@@ -135,6 +137,13 @@ class JaxLoader(Closing):
         self.set_state(state)
 
 
+def _read_state(path) -> dict:
+    try:
+        return parse_state(path.read_bytes())
+    except StateError as e:
+        raise StateError(e.field, f"{path}: {e.problem}") from None
+
+
 class LoaderCheckpointHandler:
     """Orbax handler: ``process_<i>-of-<n>.json`` per process; restore reads any process count's files."""
 
@@ -149,7 +158,7 @@ class LoaderCheckpointHandler:
         files = [mine] if mine.exists() else sorted(directory.glob("process_*-of-*.json"))
         if not files:
             raise ValueError(f"{directory}: no loader state files (process_*-of-*.json)")
-        states = {json.dumps(json.loads(f.read_text()), sort_keys=True) for f in files}
+        states = {json.dumps(_read_state(f), sort_keys=True) for f in files}
         if len(states) != 1:
             raise ValueError(f"{directory}: the processes saved different loader states; refusing to guess")
         item.set_state(states.pop())

@@ -28,6 +28,7 @@ import numpy as np
 import torch
 
 from portable_loader.loader import Closing, DataLoader
+from portable_loader.errors import StateError
 from portable_loader.workers import Producer
 
 __all__ = ["TorchLoader", "hf_fields"]
@@ -157,9 +158,9 @@ class TorchLoader(Closing):
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Continue right after the saved batch; refuses a state of another source or config."""
         if not isinstance(state_dict, dict) or "portable_loader" not in state_dict:
-            raise ValueError(f"not a TorchLoader state: expected a dict with 'portable_loader', got {state_dict!r:.100}")
-        raw = state_dict["portable_loader"]
-        state = json.loads(raw) if isinstance(raw, (str, bytes)) else raw
+            raise StateError(None, f"not a TorchLoader state: expected a dict with 'portable_loader', got {state_dict!r:.100}")
+        # Checked before the running collator is stopped, so a refused state changes nothing.
+        state = self._it.loader.check_state(state_dict["portable_loader"])
         worker, self._worker = self._worker, None
         if worker is not None:
             worker.close()
