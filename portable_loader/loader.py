@@ -88,6 +88,9 @@ class DataLoader:
     ``source``: an ``open_cache`` source, any Grain ``RandomAccessDataSource`` (``__len__``,
     ``__getitem__``), or a ``grain.MapDataset``, whose records are dicts with ``input_ids`` (and
     optionally ``loss_mask``). Each host gets rows ``[k*B/K, (k+1)*B/K)`` of every global batch.
+    ``overlong`` says what a record longer than ``seq_len`` becomes: ``"split"`` (packing only),
+    ``"truncate"``, ``"drop"``, or ``"auto"``: split for a ``text`` cache when packing, truncate
+    otherwise (alpaca/chat records never leave a response tail without its prompt). See docs/loader.md.
 
     Example:
         >>> loader = DataLoader(open_cache(path), global_batch_size=64, seq_len=2048, seed=0,
