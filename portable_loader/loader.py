@@ -29,6 +29,7 @@ from typing import Any, Iterator, Sequence
 import numpy as np
 
 from portable_loader.collate import collate
+from portable_loader.dataset import source as as_dataset
 from portable_loader.plan import Cursor, Planner
 from portable_loader.sampler import LCGSampler
 
@@ -38,24 +39,15 @@ STATE_VERSION = 1
 
 
 def _source_identity(source) -> str:
-    manifest = getattr(source, "manifest", None)
-    if isinstance(manifest, dict) and "key" in manifest:
-        return f"cache:{manifest['key']}:{manifest.get('content_checksum', '')}"
-    return f"{type(source).__module__}.{type(source).__qualname__}:{len(source)}"
+    return source.fingerprint()
 
 
 def _fetch(source, indices: list[int]) -> list:
-    getitems = getattr(source, "__getitems__", None) or getattr(source, "_getitems", None)
-    if getitems is not None:
-        return list(getitems(indices))
-    return [source[i] for i in indices]
+    return list(source.__getitems__(indices))
 
 
 def _lengths(source, indices: np.ndarray) -> np.ndarray:
-    fast = getattr(source, "lengths", None)
-    if fast is not None:
-        return np.asarray(fast(indices), dtype=np.int64)
-    return np.asarray([len(r["input_ids"]) for r in _fetch(source, indices.tolist())], dtype=np.int64)
+    return np.asarray(source.lengths(indices), dtype=np.int64)
 
 
 def build_batch(source, rows, seq_len: int, pad_id: int) -> dict[str, np.ndarray]:
@@ -114,7 +106,7 @@ class DataLoader:
             )
         if len(source) < 1:
             raise ValueError("source is empty")
-        self.source = source
+        self.source = source = as_dataset(source)  # the rest of __init__ sees the Dataset
         self.global_batch_size, self.seq_len, self.seed = int(global_batch_size), int(seq_len), int(seed)
         self.packing, self.shuffle, self.num_epochs = bool(packing), bool(shuffle), num_epochs
         self.num_workers, self.prefetch = int(num_workers), int(prefetch)
