@@ -242,6 +242,28 @@ def test_fingerprint_follows_maps_and_names():
     assert base_ds.map(shift, keeps_lengths=True).fingerprint() == fps["shift"]
 
 
+PIPELINE = """
+import grain, numpy as np, portable_loader as pl
+recs = [{"input_ids": np.arange(i % 7 + 1, dtype=np.int32), "tags": {"a", "b", str(i)}} for i in range(50)]
+k = 3
+tree = grain.MapDataset.source(recs).shuffle(seed=1).map(lambda r: {"input_ids": r["input_ids"] * k})
+fp = pl.source(tree).map(lambda r: r, name="id").fingerprint() + pl.source(recs).map(lambda r: r).fingerprint()
+"""
+
+
+def test_fingerprints_are_the_same_in_another_process():
+    import os
+    import subprocess
+    import sys
+
+    mine = {"__name__": "__main__"}  # as in the child, whose functions live in __main__
+    exec(PIPELINE, mine)
+    env = dict(os.environ, PYTHONHASHSEED="12345")
+    theirs = subprocess.run([sys.executable, "-c", PIPELINE + "print(fp)"], env=env, capture_output=True, text=True,
+                            check=True).stdout.strip()
+    assert theirs == mine["fp"]
+
+
 def test_grain_fingerprint_walks_the_tree(caches):
     import grain
 

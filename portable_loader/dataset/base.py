@@ -141,9 +141,16 @@ def _feed(h, value) -> None:
         put(b"l", f"{type(value).__name__}:{len(value)}".encode())
         for v in value:
             _feed(h, v)
+    elif isinstance(value, (set, frozenset)):  # iteration order depends on the process's hash seed
+        put(b"e", str(len(value)).encode())
+        for v in sorted(value, key=repr):
+            _feed(h, v)
     else:
         # Anything else by its pickle: deterministic for plain data, and never a memory address.
-        put(b"p", pickle.dumps(value, protocol=4))
+        try:
+            put(b"p", pickle.dumps(value, protocol=4))
+        except Exception:  # noqa: BLE001 - unpicklable (a lock, a lambda): its type is all we can name
+            put(b"t", _qualified(type(value)).encode())
 
 
 # Up to this many records a content digest reads them all; above it, this many at fixed positions.

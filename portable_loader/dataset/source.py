@@ -211,7 +211,9 @@ class GrainTree(Dataset):
         return len(self.tree)
 
     def __getitems__(self, indices) -> list:
-        return list(self.tree._getitems(np.asarray(indices, dtype=np.int64).tolist()))
+        indices = np.asarray(indices, dtype=np.int64).tolist()
+        batched = getattr(self.tree, "_getitems", None)  # Grain's batched read (absent in old releases)
+        return list(batched(indices)) if batched is not None else [self.tree[i] for i in indices]
 
     def _identity(self) -> tuple:
         return (_node_identity(self.tree),)
