@@ -28,10 +28,6 @@ def caches(tmp_path_factory):
     return {b: pl.open_cache(build_cache(**sample_args(), out=str(out), backend=b)[0]) for b in ("arrow", "array_record")}
 
 
-def as_list(records):
-    return [{k: np.asarray(v) for k, v in r.items()} for r in records]
-
-
 def kinds(caches):
     """Each kind of source, with the records it holds read back through the object's own API."""
     import datasets
