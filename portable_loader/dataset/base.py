@@ -191,8 +191,10 @@ def function_identity(fn) -> tuple:
     A module-level function or class is named by ``module.qualname`` (stable across Python versions
     and edits: give ``name=`` a new value, or rename the function, when its output changes). A lambda or
     a function defined inside another one has no unique name, so its code is hashed instead (bytecode,
-    constants, names) together with the plain values it closes over; ``functools.partial`` adds its
-    arguments; a callable object is named by its class and its plain attributes.
+    constants, names) together with the plain values it closes over (bytecode differs between
+    Python versions: give such a function a ``name=`` when a run must resume after an upgrade);
+    ``functools.partial`` adds its arguments; a callable object is named by its class and its plain
+    attributes.
 
     Example:
         >>> function_identity(len)
@@ -206,11 +208,19 @@ def function_identity(fn) -> tuple:
         return ("method", function_identity(fn.__func__), _qualified(type(fn.__self__)), _plain(vars_of(fn.__self__)))
     qualname = getattr(fn, "__qualname__", None)
     if isinstance(fn, types.FunctionType) and ("<lambda>" in qualname or "<locals>" in qualname):
-        cells = [c.cell_contents for c in fn.__closure__ or ()]
+        cells = [c.cell_contents if _filled(c) else None for c in fn.__closure__ or ()]
         return (_qualified(fn), _code(fn.__code__), _plain(cells), _plain(fn.__defaults__))
     if qualname is not None:
         return (_qualified(fn),)
     return ("object", _qualified(type(fn)), _plain(vars_of(fn)))
+
+
+def _filled(cell) -> bool:
+    try:
+        cell.cell_contents
+    except ValueError:  # a closure variable not assigned yet
+        return False
+    return True
 
 
 def vars_of(obj) -> dict:
