@@ -5,9 +5,11 @@ Example:
     >>> s = pl.LCGSampler(num_records=100, seed=0)
     >>> path = pl.precache("train.jsonl", tokenizer="tok/", format="text", out="cache/")  # doctest: +SKIP
     >>> src = pl.open_cache(path)                                                         # doctest: +SKIP
+    >>> ds = pl.source(src).map(my_fn)                                                   # doctest: +SKIP
 """
 
 from portable_loader.cache import open_cache
+from portable_loader.dataset import Dataset, source
 from portable_loader.loader import DataLoader
 from portable_loader.errors import BadRowError, CacheError, InputError, PortableLoaderError, StateError, TokenizerError
 from portable_loader.precache import precache
@@ -17,6 +19,7 @@ __all__ = [
     "BadRowError",
     "CacheError",
     "DataLoader",
+    "Dataset",
     "InputError",
     "LCGSampler",
     "PortableLoaderError",
@@ -24,5 +27,6 @@ __all__ = [
     "TokenizerError",
     "open_cache",
     "precache",
+    "source",
 ]
 __version__ = "0.1.0"

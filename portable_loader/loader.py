@@ -29,6 +29,7 @@ from typing import Any, Iterator, Sequence
 import numpy as np
 
 from portable_loader.collate import OVERLONG, collate
+from portable_loader.dataset import source as as_dataset
 from portable_loader.plan import Cursor, Planner
 from portable_loader.sampler import LCGSampler
 from portable_loader.state import STATE_VERSION, check_state, make_state
@@ -37,24 +38,15 @@ __all__ = ["Closing", "DataLoader", "LoaderIterator", "InlineEngine", "STATE_VER
 
 
 def _source_identity(source) -> str:
-    manifest = getattr(source, "manifest", None)
-    if isinstance(manifest, dict) and "key" in manifest:
-        return f"cache:{manifest['key']}:{manifest.get('content_checksum', '')}"
-    return f"{type(source).__module__}.{type(source).__qualname__}:{len(source)}"
+    return source.fingerprint()
 
 
 def _fetch(source, indices: list[int]) -> list:
-    getitems = getattr(source, "__getitems__", None) or getattr(source, "_getitems", None)
-    if getitems is not None:
-        return list(getitems(indices))
-    return [source[i] for i in indices]
+    return list(source.__getitems__(indices))
 
 
 def _lengths(source, indices: np.ndarray) -> np.ndarray:
-    fast = getattr(source, "lengths", None)
-    if fast is not None:
-        return np.asarray(fast(indices), dtype=np.int64)
-    return np.asarray([len(r["input_ids"]) for r in _fetch(source, indices.tolist())], dtype=np.int64)
+    return np.asarray(source.lengths(indices), dtype=np.int64)
 
 
 def build_batch(source, rows, seq_len: int, pad_id: int) -> dict[str, np.ndarray]:
@@ -68,13 +60,11 @@ def _overlong_policy(overlong: str, source, packing: bool) -> str:
     """Resolve ``"auto"``: split pretraining text when packing, else keep each record's head.
 
     Alpaca and chat records put the prompt first, so a piece after the first would train on a
-    response cut off from its prompt; a source without a manifest could be either, so it gets the
+    response cut off from its prompt; a source of unknown format could be either, so it gets the
     safe choice.
     """
     if overlong == "auto":
-        manifest = getattr(source, "manifest", None)
-        fmt = manifest.get("config", {}).get("format") if isinstance(manifest, dict) else None
-        return "split" if packing and fmt == "text" else "truncate"
+        return "split" if packing and source.format == "text" else "truncate"
     if overlong not in OVERLONG:
         raise ValueError(f"overlong must be 'auto' or one of {OVERLONG}, got {overlong!r}")
     if overlong == "split" and not packing:
@@ -135,7 +125,7 @@ class DataLoader:
             )
         if len(source) < 1:
             raise ValueError("source is empty")
-        self.source = source
+        self.source = source = as_dataset(source)  # the rest of __init__ sees the Dataset
         self.global_batch_size, self.seq_len, self.seed = int(global_batch_size), int(seq_len), int(seed)
         self.packing, self.shuffle, self.num_epochs = bool(packing), bool(shuffle), num_epochs
         self.num_workers, self.prefetch = int(num_workers), int(prefetch)
@@ -178,7 +168,7 @@ class DataLoader:
         return Planner(
             self.sampler, len(self.source), global_batch_size=self.global_batch_size, seq_len=self.seq_len,
             packing=self.packing, window=self.packing_window, lengths=lambda idx: _lengths(self.source, idx),
-            overlong=self.overlong, cheap_lengths=hasattr(self.source, "lengths"),
+            overlong=self.overlong, cheap_lengths=self.source.cheap_lengths,
         )
 
     def num_steps(self, num_epochs: int | None = None, *, estimate: bool = False) -> int:
