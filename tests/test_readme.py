@@ -1,0 +1,109 @@
+"""The README's examples run as written, and the README and docs/ point only at files in the repository.
+
+Each ```python block of README.md runs on its own in a fresh interpreter and an empty directory, so
+an example that needs a name, a file or a step that is not on the page fails here before a reader
+copies it. The README's shell commands are each either run here or a script of this repository.
+"""
+
+import importlib.util
+import pathlib
+import re
+import subprocess
+import sys
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+README = ROOT / "README.md"
+PAGES = [README, *sorted((ROOT / "docs").glob("*.md"))]
+FENCE = re.compile(r"^```(\w*)\n(.*?)^```", re.M | re.S)
+LINK = re.compile(r"!?\[[^\]]*\]\(([^)\s]+)\)")
+PYTHON = "\x60\x60\x60python"  # the fence, spelled so that this file is not counted as one
+
+
+def blocks(path: pathlib.Path, lang: str) -> list[str]:
+    return [m.group(2) for m in FENCE.finditer(path.read_text()) if m.group(1) == lang]
+
+
+def commands(block: str) -> list[str]:
+    """Shell lines of a block: continuations joined, comments and blank lines dropped."""
+    joined = block.replace("\\\n", " ")
+    return [" ".join(line.split("#")[0].split()) for line in joined.splitlines() if line.split("#")[0].strip()]
+
+
+def top_level_modules(code: str) -> set[str]:
+    return set(re.findall(r"^(?:import|from)\s+(\w+)", code, re.M))
+
+
+EXAMPLES = blocks(README, "python")
+
+
+def test_every_python_fence_is_found():
+    # The fences counted another way: a parser that missed one would silently skip its example.
+    assert len(EXAMPLES) == README.read_text().count(PYTHON) >= 5
+
+
+@pytest.mark.parametrize("code", EXAMPLES, ids=[f"example{i + 1}" for i in range(len(EXAMPLES))])
+def test_readme_example_runs_as_written(code, tmp_path):
+    missing = sorted(m for m in top_level_modules(code) if importlib.util.find_spec(m) is None)
+    if missing:  # only where scripts/test.sh's full install was not used
+        pytest.skip(f"example needs {missing}, not installed here")
+    (tmp_path / "example.py").write_text(code)
+    r = subprocess.run([sys.executable, "example.py"], cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, f"README example failed:\n{code}\n--- stderr:\n{r.stderr[-3000:]}"
+
+
+def test_readme_commands_are_run_here_or_are_scripts_of_the_repository(tmp_path):
+    # Repository-relative paths in the commands resolve through a link, so the cache lands in tmp_path.
+    (tmp_path / "portable_loader").symlink_to(ROOT / "portable_loader")
+    lines = [c for lang in ("bash", "sh", "shell") for b in blocks(README, lang) for c in commands(b)]
+    assert lines
+    sample = ROOT / "portable_loader" / "sample" / "sample_chat.jsonl"
+    for line in lines:
+        words = line.split()
+        if words[:2] in (["bash", "scripts/test.sh"], ["bash", "scripts/demo.sh"]):
+            # Both install packages, so the suite cannot run them; CI runs both (.ci/run).
+            assert (ROOT / words[1]).is_file()
+            assert line in (ROOT / ".ci" / "run").read_text()
+        elif words[:3] == [".venv/bin/python", "-m", "portable_loader.precache"]:
+            r = subprocess.run([sys.executable, *words[1:]], cwd=tmp_path, capture_output=True, text=True, timeout=300)
+            assert r.returncode == 0, r.stderr[-3000:]
+            import portable_loader as pl
+
+            rows = sum(1 for row in sample.read_text().splitlines() if row.strip())
+            assert len(pl.open_cache(str(tmp_path / r.stdout.splitlines()[-1]))) == rows
+        else:
+            pytest.fail(f"README command neither run by this test nor a known script: {line}")
+
+
+def test_no_page_refers_outside_the_repository():
+    for path in [README, *sorted((ROOT / "docs").rglob("*"))]:
+        if path.is_file():
+            text = path.read_text(errors="replace")
+            for outside in ("../shared", "/work/"):
+                assert outside not in text, f"{path.relative_to(ROOT)} mentions {outside}"
+
+
+@pytest.mark.parametrize("page", PAGES, ids=[p.name for p in PAGES])
+def test_relative_links_point_to_files_in_the_repository(page):
+    targets = [t for t in LINK.findall(page.read_text()) if "://" not in t and not t.startswith(("mailto:", "#"))]
+    for target in targets:
+        resolved = (page.parent / target.split("#")[0]).resolve()
+        assert resolved.is_relative_to(ROOT) and resolved.exists(), f"{page.name}: broken link {target}"
+
+
+def test_files_named_in_the_pages_exist():
+    named = re.compile(r"\b((?:scripts|tests|docs|portable_loader|adapters)/[\w/.-]+\.(?:py|sh|md|svg|csv|jsonl))\b")
+    for page in PAGES:
+        for rel in named.findall(page.read_text()):
+            assert (ROOT / rel).is_file() or (page.parent / rel).is_file(), f"{page.name} names {rel}, which is missing"
+
+
+def test_tests_named_by_the_design_exist():
+    # docs/design.md maps each promise to the tests that hold it; a renamed test must not leave a stale map.
+    defined = set()
+    for f in (ROOT / "tests").glob("test_*.py"):
+        defined |= set(re.findall(r"^def (test_\w+)", f.read_text(), re.M))
+    cited = set(re.findall(r"`(test_\w+)`", (ROOT / "docs" / "design.md").read_text()))
+    assert len(cited) >= 20
+    assert cited <= defined, f"design.md cites tests that do not exist: {sorted(cited - defined)}"
