@@ -107,3 +107,20 @@ def test_tests_named_by_the_design_exist():
     cited = set(re.findall(r"`(test_\w+)`", (ROOT / "docs" / "design.md").read_text()))
     assert len(cited) >= 20
     assert cited <= defined, f"design.md cites tests that do not exist: {sorted(cited - defined)}"
+
+
+@pytest.mark.parametrize("page", PAGES[1:], ids=[p.name for p in PAGES[1:]])
+def test_reference_snippets_in_docs_parse_and_import_real_names(page):
+    # The docs' snippets are reference sketches (they use names from their context, such as `src`),
+    # so they are not run; they must still parse, and what they import from the package must exist.
+    import importlib
+
+    for code in blocks(page, "python"):
+        compile(code, str(page), "exec")
+        for module, names in re.findall(r"^from (portable_loader[\w.]*) import ([\w, ]+)$", code, re.M):
+            framework = {"torch": "torch", "jax": "jax", "hf": "transformers"}.get(module.rsplit(".", 1)[1])
+            if module.startswith("portable_loader.adapters.") and framework:
+                pytest.importorskip(framework)
+            imported = importlib.import_module(module)
+            for name in names.replace(" ", "").split(","):
+                assert hasattr(imported, name), f"{page.name}: {module} has no {name}"
