@@ -10,7 +10,7 @@ Example:
 from portable_loader.cache import open_cache
 from portable_loader.loader import DataLoader
 from portable_loader.errors import BadRowError, CacheError, InputError, PortableLoaderError, TokenizerError
-from portable_loader.precache import precache
+from portable_loader.precache import cache_info, list_caches, precache, remove_cache
 from portable_loader.sampler import LCGSampler
 
 __all__ = [
@@ -21,7 +21,10 @@ __all__ = [
     "LCGSampler",
     "PortableLoaderError",
     "TokenizerError",
+    "cache_info",
+    "list_caches",
     "open_cache",
     "precache",
+    "remove_cache",
 ]
 __version__ = "0.1.0"
