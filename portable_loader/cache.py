@@ -274,7 +274,10 @@ class _CacheSource:
             >>> src[3]["input_ids"].size, len(src[[5, 6, 7]]), len(src[:10:2])  # doctest: +SKIP
             (212, 3, 5)
         """
-        idx = parse_index(key, self._len)
+        try:
+            idx = parse_index(key, self._len)
+        except IndexError as e:
+            raise IndexError(f"{e} ({self.path})") from None
         if isinstance(idx, int):
             return self.__getitems__([idx])[0]
         return self.__getitems__(idx)
