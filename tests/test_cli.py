@@ -154,6 +154,18 @@ def test_a_waiting_run_says_whom_it_waits_for(qa, tmp_path):
     assert sorted(os.listdir(tmp_path)) == ["qa.jsonl", name]  # the lock file is gone too
 
 
+def test_unheld_lock_files_of_older_runs_are_swept(qa, tmp_path):
+    out = tmp_path / "c"
+    out.mkdir()
+    for name in ("text-aaaa", "alpaca-bbbb", "chat-cccc"):
+        (out / f".{name}.lock").write_text("")
+    (out / ".not-a-lock").write_text("")
+    with locked(str(out / ".chat-cccc.lock")):  # a run in progress: its lock stays
+        pl.precache(qa, tokenizer=need(GPT2), format="text", out=out, fields={"text": "question"})
+        assert sorted(e for e in os.listdir(out) if e.startswith(".")) == [".chat-cccc.lock", ".not-a-lock"]
+    assert sorted(e for e in os.listdir(out) if e.startswith(".")) == [".not-a-lock"]
+
+
 # --- a folder of caches: open_cache, info, ls, rm -----------------------------------------------
 
 

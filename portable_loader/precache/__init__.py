@@ -44,7 +44,7 @@ from portable_loader.tokenize import (
     tokenizer_identity,
     transcript_markers,
 )
-from portable_loader.precache.lock import locked
+from portable_loader.precache.lock import locked, sweep_locks
 from portable_loader.precache.manage import cache_info, list_caches, remove_cache
 
 __all__ = ["precache", "build_cache", "sample_args", "cache_info", "list_caches", "remove_cache"]
@@ -238,6 +238,7 @@ def build_cache(
 
     with locked(os.path.join(out, f".{name}.lock"), f"{final} (another run is building it)"):
         cache_mod.clean_stale(out, name)
+        sweep_locks(out)
         if os.path.exists(final) and not force:
             try:
                 manifest = cache_mod.read_manifest(final)

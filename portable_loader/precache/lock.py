@@ -20,7 +20,7 @@ import socket
 import sys
 import time
 
-__all__ = ["locked"]
+__all__ = ["locked", "sweep_locks"]
 
 
 def _holder(fd: int) -> str:
@@ -75,3 +75,34 @@ def locked(path: str, what: str = "this cache"):
             return
         finally:
             os.close(fd)  # also releases the flock
+
+
+def sweep_locks(out: str) -> list[str]:
+    """Remove the lock files in ``out`` that nobody holds (left by versions that never removed them).
+
+    Each is taken without waiting and unlinked while held, as :func:`locked` does, so a run that is
+    waiting on it starts over on a fresh file; a held lock is left alone.
+
+    Example:
+        >>> sweep_locks("portable_loader_cache")   # doctest: +SKIP
+        ['.text-3973b7133c149c2dc0df.lock']
+    """
+    removed = []
+    for entry in os.listdir(out):
+        if not (entry.startswith(".") and entry.endswith(".lock")):
+            continue
+        path = os.path.join(out, entry)
+        try:
+            fd = os.open(path, os.O_RDWR)
+        except OSError:
+            continue
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            if _same_file(fd, path):
+                os.unlink(path)
+                removed.append(entry)
+        except OSError:  # held by a run in progress
+            pass
+        finally:
+            os.close(fd)
+    return removed
