@@ -205,6 +205,18 @@ def test_info_against_the_records(two_caches, capsys, which):
     assert rc == 0 and f"rows:     {len(lengths):,}" in out and "#" in out and "options:" in out
 
 
+def test_info_on_a_manifest_without_optional_counts(two_caches, capsys):
+    from portable_loader import cache
+
+    path = two_caches[1]
+    manifest = cache.read_manifest(path)
+    manifest["counts"] = {"rows_out": manifest["counts"]["rows_out"]}  # as a hand-made manifest may be
+    cache.write_manifest(path, manifest)
+    rc, out, err = cli(capsys, "info", path)
+    assert rc == 0, err
+    assert "(of ? input rows" in out and "(? trained)" in out
+
+
 def test_ls_lists_sound_and_broken_caches(two_caches, capsys):
     out, a, b = two_caches
     os.remove(os.path.join(b, sorted(f for f in os.listdir(b) if f.startswith("data-"))[0]))

@@ -236,7 +236,7 @@ def build_cache(
     final = os.path.join(out, name)
     os.makedirs(out, exist_ok=True)
 
-    with locked(os.path.join(out, f".{name}.lock"), f"{final} (another run is building it)"):
+    with locked(os.path.join(out, f".{name}.lock"), final):
         cache_mod.clean_stale(out, name)
         sweep_locks(out)
         if os.path.exists(final) and not force:

@@ -57,7 +57,7 @@ def locked(path: str, what: str = "this cache"):
                 if not announced:
                     print(
                         f"waiting for {what}: locked by {_holder(fd)} ({path}); "
-                        "continuing when it finishes",
+                        "continuing when it is released",
                         file=sys.stderr, flush=True,
                     )
                     announced = True

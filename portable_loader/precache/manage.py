@@ -86,12 +86,13 @@ def format_info(info: dict) -> str:
         >>> print(format_info(cache_info(path)))   # doctest: +SKIP
     """
     s = info["lengths"]
+    n = lambda v: "?" if v is None else f"{v:,}"  # noqa: E731  (counts a hand-made manifest may lack)
     lines = [
         f"cache:    {info['path']}",
         f"backend:  {info['backend']} ({info['shards']} shards, {info['bytes']:,} bytes)",
-        f"rows:     {info['rows']:,} (of {info['rows_in']:,} input rows; dropped: "
+        f"rows:     {info['rows']:,} (of {n(info['rows_in'])} input rows; dropped: "
         f"{', '.join(f'{k} {v}' for k, v in info['dropped'].items()) or 'none'}; truncated: {info['truncated']})",
-        f"tokens:   {info['tokens']:,} ({info['trainable_tokens']:,} trained)",
+        f"tokens:   {info['tokens']:,} ({n(info['trainable_tokens'])} trained)",
         f"length:   min {s['min']}  mean {s['mean']}  p50 {s['p50']:g}  p90 {s['p90']:g}  p99 {s['p99']:g}  max {s['max']}",
     ]
     widest = max(n for _, _, n in s["histogram"])
