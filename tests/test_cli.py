@@ -59,7 +59,7 @@ def test_bad_numbers_are_one_line_errors(qa, tmp_path, capsys, flag, value, mess
 
 
 def test_api_refuses_the_same_numbers(qa, tmp_path):
-    for kwargs in ({"max_length": 0}, {"max_length": 1}, {"num_workers": -2}, {"num_workers": 1.5}):
+    for kwargs in ({"max_length": 0}, {"max_length": 1}, {"max_length": True}, {"num_workers": -2}, {"num_workers": 1.5}):
         with pytest.raises(ValueError, match="must be an integer >="):
             pl.precache(qa, tokenizer=need(GPT2), format="text", out=tmp_path, fields={"text": "question"}, **kwargs)
 

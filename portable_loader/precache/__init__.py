@@ -20,6 +20,7 @@ Example:
 from __future__ import annotations
 
 import multiprocessing as mp
+import numbers
 import os
 import shutil
 import signal
@@ -194,9 +195,9 @@ def build_cache(
         raise ValueError(f"backend must be one of {cache_mod.BACKENDS}, got {backend!r}")
     if on_bad_row not in ("error", "skip"):
         raise ValueError(f"on_bad_row must be 'error' or 'skip', got {on_bad_row!r}")
-    if max_length is not None and (not isinstance(max_length, int) or max_length < MIN_MAX_LENGTH):
+    if max_length is not None and (not _is_int(max_length) or max_length < MIN_MAX_LENGTH):
         raise ValueError(f"max_length must be an integer >= {MIN_MAX_LENGTH} (or None for no limit), got {max_length!r}")
-    if num_workers is not None and (not isinstance(num_workers, int) or num_workers < 0):
+    if num_workers is not None and (not _is_int(num_workers) or num_workers < 0):
         raise ValueError(f"num_workers must be an integer >= 0 (0: in this process; None: all cores), got {num_workers!r}")
     fields = check_fields(format, fields)
     if transcript is not None:
@@ -267,10 +268,14 @@ def build_cache(
     return final, {**manifest["counts"], "hit": False, "seconds": seconds, "path": final}
 
 
+def _is_int(x) -> bool:
+    return isinstance(x, numbers.Integral) and not isinstance(x, bool)
+
+
 def _tokenize_into(tmp: str, table, config: dict, num_workers: int | None, show_progress: bool, key: str) -> dict:
     rows = len(table)
     # 0 means this process, as for DataLoader; 1 worker runs inline too (no process to start).
-    workers = max(1, min(_cpu_count() if num_workers is None else num_workers, rows))
+    workers = max(1, min(_cpu_count() if num_workers is None else int(num_workers), rows))
     bounds = [rows * i // workers for i in range(workers + 1)]
     tasks = [
         {
