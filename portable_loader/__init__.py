@@ -12,7 +12,7 @@ from portable_loader.cache import open_cache
 from portable_loader.dataset import Dataset, source
 from portable_loader.loader import DataLoader
 from portable_loader.errors import BadRowError, CacheError, InputError, PortableLoaderError, StateError, TokenizerError
-from portable_loader.precache import precache
+from portable_loader.precache import cache_info, list_caches, precache, remove_cache
 from portable_loader.sampler import LCGSampler
 
 __all__ = [
@@ -25,8 +25,11 @@ __all__ = [
     "PortableLoaderError",
     "StateError",
     "TokenizerError",
+    "cache_info",
+    "list_caches",
     "open_cache",
     "precache",
+    "remove_cache",
     "source",
 ]
 __version__ = "0.1.0"

@@ -28,6 +28,7 @@ from typing import Sequence
 import numpy as np
 
 from portable_loader.errors import CacheError
+from portable_loader.indexing import parse_index
 
 __all__ = ["FORMAT_VERSION", "ShardWriter", "open_cache", "ArrowCacheSource", "ArrayRecordCacheSource"]
 
@@ -193,6 +194,12 @@ def read_manifest(path: str) -> dict:
         with open(mpath, encoding="utf-8") as f:
             manifest = json.load(f)
     except FileNotFoundError:
+        inside = sorted(cache_names(path))
+        if inside:
+            shown = ", ".join(inside[:10]) + (f", ... ({len(inside)} in all)" if len(inside) > 10 else "")
+            raise CacheError(
+                f"{mpath}: missing: {path} is a folder of caches, not a cache; open one of: {shown}"
+            ) from None
         raise CacheError(f"{mpath}: missing: not a portable_loader cache, or an incomplete one") from None
     except (OSError, ValueError) as e:
         raise CacheError(f"{mpath}: unreadable: {e}") from None
@@ -205,6 +212,15 @@ def read_manifest(path: str) -> dict:
             "rebuild it with precache --force"
         )
     return manifest
+
+
+def cache_names(out: str) -> list[str]:
+    """Names of the folders directly under ``out`` that hold a manifest (hidden temp folders excluded)."""
+    try:
+        entries = os.listdir(out)
+    except OSError:
+        return []
+    return [e for e in entries if not e.startswith(".") and os.path.isfile(os.path.join(out, e, MANIFEST))]
 
 
 def check_shards(path: str, manifest: dict, verify: bool = False) -> None:
@@ -237,15 +253,34 @@ class _CacheSource:
         return self._len
 
     def _indices(self, indices) -> np.ndarray:
-        """Indices as int64, negative ones counted from the end; IndexError for any out of range."""
-        idx = np.asarray(indices, dtype=np.int64).reshape(-1)
-        if idx.size and (idx.min() < -self._len or idx.max() >= self._len):
-            bad = idx[(idx < -self._len) | (idx >= self._len)][0]
-            raise IndexError(f"record {int(bad)} out of range for a cache of {self._len} records ({self.path})")
-        return np.where(idx < 0, idx + self._len, idx)
+        """Indices as int64, negative ones counted from the end; IndexError for any out of range.
 
-    def __getitem__(self, index: int) -> dict:
-        return self.__getitems__([index])[0]
+        The rule of :func:`parse_index` (so ``[1.0]`` or ``["3"]`` is a ``TypeError``), plus a
+        ``range`` or a single integer, which batched readers pass.
+        """
+        if isinstance(indices, range):
+            indices = np.arange(indices.start, indices.stop, indices.step, dtype=np.int64)
+        elif not isinstance(indices, (list, tuple, np.ndarray, slice)):
+            indices = [indices]
+        try:
+            return parse_index(indices, self._len)
+        except IndexError as e:
+            raise IndexError(f"{e} ({self.path})") from None
+
+    def __getitem__(self, key):
+        """One record for an integer; a list of records, in order, for a list, 1-D integer array or slice.
+
+        Example:
+            >>> src[3]["input_ids"].size, len(src[[5, 6, 7]]), len(src[:10:2])  # doctest: +SKIP
+            (212, 3, 5)
+        """
+        try:
+            idx = parse_index(key, self._len)
+        except IndexError as e:
+            raise IndexError(f"{e} ({self.path})") from None
+        if isinstance(idx, int):
+            return self.__getitems__([idx])[0]
+        return self.__getitems__(idx)
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.path!r}, records={self._len})"

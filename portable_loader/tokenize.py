@@ -13,6 +13,8 @@ Formats (field names are renameable with ``fields={"instruction": "question", ..
   ``ALPACA_PROMPT_NO_INPUT``); loss on the output and the appended EOS only.
 * ``chat``: ``messages`` (role/content) or ShareGPT ``conversations`` (from/value, human/gpt mapped),
   rendered with the tokenizer's chat template; loss on assistant contents and their end-of-turn token.
+  With ``transcript=`` the ``messages`` field is instead one string of role-marked turns (hh-rlhf's
+  ``"\\n\\nHuman: ...\\n\\nAssistant: ..."``), split into turns by :func:`split_transcript`.
 
 Example:
     >>> tok = load_tokenizer("../shared/data/tokenizers/phi-3-mini")       # doctest: +SKIP
@@ -28,19 +30,29 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from portable_loader.errors import BadRowError, TokenizerError
+from portable_loader.errors import BadRowError, PortableLoaderError, TokenizerError
 
 __all__ = [
     "ALPACA_PROMPT",
     "ALPACA_PROMPT_NO_INPUT",
     "DEFAULT_CHAT_TEMPLATE",
+    "FIELDS",
     "FORMATS",
     "Formatter",
+    "MIN_MAX_LENGTH",
+    "TRANSCRIPT_PRESETS",
+    "split_transcript",
+    "transcript_markers",
     "load_tokenizer",
     "tokenizer_identity",
 ]
 
 FORMATS = ("text", "alpaca", "chat")
+# The field names each format reads; ``fields={name: column}`` may rename only these.
+FIELDS = {"text": ("text",), "alpaca": ("instruction", "input", "output"), "chat": ("messages", "conversations")}
+MIN_MAX_LENGTH = 2
+# Marker -> role. A marker is matched literally; the text up to the next marker is the turn's content.
+TRANSCRIPT_PRESETS = {"hh": {"\n\nHuman:": "user", "\n\nAssistant:": "assistant"}}
 
 # The Stanford Alpaca prompt, verbatim.
 ALPACA_PROMPT = (
@@ -139,6 +151,7 @@ def load_tokenizer(path: str, chat_template: str | None = None, eos_token: str |
         raise TokenizerError(f"{path}: cannot load tokenizer: {type(e).__name__}: {e}") from None
     if getattr(tok, "_tokenizer", None) is None:
         raise TokenizerError(f"{path}: a fast tokenizer (tokenizer.json) is needed")
+    tok.name_or_path = path  # a bare tokenizer.json leaves it '', and errors name the tokenizer by it
     if eos_token is not None:
         if tok.convert_tokens_to_ids(eos_token) in (None, tok.unk_token_id):
             raise TokenizerError(f"{path}: eos_token {eos_token!r} is not in the vocabulary")
@@ -193,15 +206,19 @@ class Formatter:
         overlong: str = "drop",
         path: str = "<input>",
         on_bad_row: str = "error",
+        transcript: str | dict[str, str] | None = None,
     ):
         if fmt not in FORMATS:
             raise ValueError(f"format must be one of {FORMATS}, got {fmt!r}")
         if overlong not in ("drop", "truncate"):
             raise ValueError(f"overlong must be 'drop' or 'truncate', got {overlong!r}")
-        if max_length is not None and max_length < 2:
-            raise ValueError(f"max_length must be >= 2, got {max_length}")
+        if max_length is not None and max_length < MIN_MAX_LENGTH:
+            raise ValueError(f"max_length must be >= {MIN_MAX_LENGTH}, got {max_length}")
         self.fmt, self.tok, self.path = fmt, tokenizer, path
-        self.fields = dict(fields or {})
+        self.fields = check_fields(fmt, fields)
+        if transcript is not None and fmt != "chat":
+            raise PortableLoaderError(f"transcript applies to the chat format only, not {fmt}")
+        self.transcript = None if transcript is None else transcript_markers(transcript)
         self.max_length, self.overlong, self.on_bad_row = max_length, overlong, on_bad_row
         self.backend = tokenizer._tokenizer
         self.eos_id = tokenizer.eos_token_id
@@ -234,9 +251,16 @@ class Formatter:
         column = self.fields.get(name, name)
         if column not in row or row[column] is None:
             if required:
-                raise BadRowError(self.path, where(), column, "missing")
+                raise BadRowError(self.path, where(), column, self._missing(row, name, column))
             return None
         return row[column]
+
+    def _missing(self, row: dict, name: str, column: str) -> str:
+        """Why a field is missing, with the row's own keys: a typo in ``--field`` shows at once."""
+        mapped = f" (the {self.fmt} field {name!r}, renamed by fields/--field)" if column != name else ""
+        keys = sorted(map(str, row))
+        shown = ", ".join(keys[:12]) + (f", ... ({len(keys)} in all)" if len(keys) > 12 else "")
+        return f"missing{mapped}; the row has: {shown or 'no fields'}"
 
     def _text_field(self, row, name, where, required=True) -> str | None:
         value = self._field(row, name, where, required)
@@ -257,12 +281,23 @@ class Formatter:
         return prompt + output, [(len(prompt), len(prompt) + len(output))]
 
     def _messages(self, row, where) -> list[dict]:
+        if self.transcript is not None:
+            column = self.fields.get("messages", "messages")
+            text = self._field(row, "messages", where)
+            _check_text(text, self.path, where, column)
+            try:
+                return split_transcript(text, self.transcript)
+            except ValueError as e:
+                raise BadRowError(self.path, where(), column, str(e)) from None
         if "messages" in self.fields or "messages" in row:
             column, role_key, text_key, roles = self.fields.get("messages", "messages"), "role", "content", None
         elif "conversations" in self.fields or "conversations" in row:
             column, role_key, text_key, roles = self.fields.get("conversations", "conversations"), "from", "value", _SHAREGPT_ROLES
         else:
-            raise BadRowError(self.path, where(), "messages", "missing (expected 'messages' or 'conversations')")
+            raise BadRowError(
+                self.path, where(), "messages",
+                f"missing (expected 'messages' or 'conversations'); the row has: {', '.join(sorted(map(str, row))) or 'no fields'}",
+            )
         turns = row.get(column)
         if not isinstance(turns, list):
             raise BadRowError(self.path, where(), column, f"expected a list of turns, got {type(turns).__name__}")
@@ -382,6 +417,74 @@ class Formatter:
             return "no_target"
         self.truncated += cut
         return ids, mask
+
+
+def check_fields(fmt: str, fields: dict[str, str] | None) -> dict[str, str]:
+    """``fields`` checked against the names ``fmt`` reads, so that a typo is refused, not ignored.
+
+    Example:
+        >>> check_fields("alpaca", {"instrucion": "question"})
+        Traceback (most recent call last):
+        portable_loader.errors.PortableLoaderError: unknown field 'instrucion' for the alpaca format: it reads instruction, input, output (fields/--field NAME=COLUMN reads field NAME from input column COLUMN)
+    """
+    fields = dict(fields or {})
+    for name, column in fields.items():
+        if name not in FIELDS[fmt]:
+            raise PortableLoaderError(
+                f"unknown field {name!r} for the {fmt} format: it reads {', '.join(FIELDS[fmt])} "
+                "(fields/--field NAME=COLUMN reads field NAME from input column COLUMN)"
+            )
+        if not isinstance(column, str) or not column:
+            raise PortableLoaderError(f"field {name!r}: the column must be a non-empty string, got {column!r}")
+    return fields
+
+
+def transcript_markers(spec: str | dict[str, str]) -> dict[str, str]:
+    """The ``{marker: role}`` table of a transcript option: a preset name (``"hh"``) or the table itself.
+
+    Example:
+        >>> transcript_markers("hh")
+        {'\\n\\nHuman:': 'user', '\\n\\nAssistant:': 'assistant'}
+    """
+    if isinstance(spec, str):
+        if spec not in TRANSCRIPT_PRESETS:
+            raise PortableLoaderError(
+                f"unknown transcript preset {spec!r}: the presets are {', '.join(TRANSCRIPT_PRESETS)}, "
+                "or give markers as {marker: role}"
+            )
+        return dict(TRANSCRIPT_PRESETS[spec])
+    if not isinstance(spec, dict) or not spec:
+        raise PortableLoaderError(f"transcript must be a preset name or a non-empty {{marker: role}} dict, got {spec!r}")
+    for marker, role in spec.items():
+        if not isinstance(marker, str) or not marker.strip():
+            raise PortableLoaderError(f"transcript marker {marker!r}: must be a non-blank string")
+        if role not in _CHAT_ROLES:
+            raise PortableLoaderError(f"transcript marker {marker!r}: role must be one of {_CHAT_ROLES}, got {role!r}")
+    return dict(spec)
+
+
+def split_transcript(text: str, markers: dict[str, str]) -> list[dict]:
+    """Split one role-marked transcript into ``[{"role", "content"}, ...]`` turns.
+
+    A turn starts at a marker (matched literally; where two markers match at one place the longest
+    wins) and runs to the next one; its content is stripped of surrounding whitespace. Text before the
+    first marker, or no marker at all, is a ``ValueError``.
+
+    Example:
+        >>> split_transcript("\\n\\nHuman: hi\\n\\nAssistant: hello!", transcript_markers("hh"))
+        [{'role': 'user', 'content': 'hi'}, {'role': 'assistant', 'content': 'hello!'}]
+    """
+    import re
+
+    pattern = re.compile("|".join(re.escape(m) for m in sorted(markers, key=len, reverse=True)))
+    found = list(pattern.finditer(text))
+    if not found:
+        raise ValueError(f"no transcript marker in the text (expected {', '.join(map(repr, markers))})")
+    if text[: found[0].start()].strip():
+        head = text[: found[0].start()].strip()
+        raise ValueError(f"text before the first transcript marker: {head[:40]!r}")
+    ends = [m.start() for m in found[1:]] + [len(text)]
+    return [{"role": markers[m.group()], "content": text[m.end() : end].strip()} for m, end in zip(found, ends)]
 
 
 def _check_text(value, path: str, where: Callable[[], str], field: str) -> None:

@@ -7,7 +7,8 @@ checksum are the same for any worker count. A second run with the same inputs is
 tokenizes nothing.
 
 Run with no arguments it caches the sample dataset bundled with the package, with the bundled
-tokenizer, into ``./portable_loader_cache``.
+tokenizer, into ``./portable_loader_cache``. ``info``, ``ls`` and ``rm`` subcommands inspect and remove
+caches (see :mod:`portable_loader.precache.cli` and :mod:`portable_loader.precache.manage`).
 
 Example:
     >>> import portable_loader as pl
@@ -18,10 +19,8 @@ Example:
 
 from __future__ import annotations
 
-import argparse
-import contextlib
-import fcntl
 import multiprocessing as mp
+import numbers
 import os
 import shutil
 import signal
@@ -37,14 +36,19 @@ from portable_loader.tokenize import (
     ALPACA_PROMPT,
     ALPACA_PROMPT_NO_INPUT,
     FORMATS,
+    MIN_MAX_LENGTH,
     Formatter,
+    check_fields,
     config_digest,
     load_tokenizer,
     read_template,
     tokenizer_identity,
+    transcript_markers,
 )
+from portable_loader.precache.lock import locked, sweep_locks
+from portable_loader.precache.manage import cache_info, list_caches, remove_cache
 
-__all__ = ["precache", "build_cache", "main", "sample_args"]
+__all__ = ["precache", "build_cache", "sample_args", "cache_info", "list_caches", "remove_cache"]
 
 _ENCODE_ROWS = 256
 
@@ -78,7 +82,7 @@ def _worker(task: dict, slot: int) -> dict:
     tok = _tokenizer(cfg["tokenizer"], cfg["chat_template"], cfg["eos_token"], task["tokenizer_files"])
     fmt = Formatter(
         cfg["format"], tok, fields=cfg["fields"], max_length=cfg["max_length"], overlong=cfg["overlong"],
-        path=cfg["input"], on_bad_row=cfg["on_bad_row"],
+        path=cfg["input"], on_bad_row=cfg["on_bad_row"], transcript=cfg["transcript"],
     )
     writer = cache_mod.ShardWriter(task["shard_path"], cfg["backend"])
     dropped: Counter = Counter()
@@ -173,6 +177,7 @@ def build_cache(
     chat_template: str | None = None,
     eos_token: str | None = None,
     on_bad_row: str = "error",
+    transcript: str | dict[str, str] | None = None,
     force: bool = False,
     show_progress: bool = False,
 ) -> tuple[str, dict]:
@@ -190,6 +195,15 @@ def build_cache(
         raise ValueError(f"backend must be one of {cache_mod.BACKENDS}, got {backend!r}")
     if on_bad_row not in ("error", "skip"):
         raise ValueError(f"on_bad_row must be 'error' or 'skip', got {on_bad_row!r}")
+    if max_length is not None and (not _is_int(max_length) or max_length < MIN_MAX_LENGTH):
+        raise ValueError(f"max_length must be an integer >= {MIN_MAX_LENGTH} (or None for no limit), got {max_length!r}")
+    if num_workers is not None and (not _is_int(num_workers) or num_workers < 0):
+        raise ValueError(f"num_workers must be an integer >= 0 (0: in this process; None: all cores), got {num_workers!r}")
+    fields = check_fields(format, fields)
+    if transcript is not None:
+        if format != "chat":
+            raise ValueError(f"transcript applies to the chat format only, not {format!r}")
+        transcript = transcript_markers(transcript)
     input, tokenizer, out = os.fspath(input), os.fspath(tokenizer), os.fspath(out)
     table = open_input(input, split)
     config = {
@@ -204,6 +218,7 @@ def build_cache(
         "overlong": overlong,
         "on_bad_row": on_bad_row,
         "backend": backend,
+        "transcript": transcript,
     }
     key_parts = {
         "format_version": cache_mod.FORMAT_VERSION,
@@ -214,14 +229,17 @@ def build_cache(
         "eos_token": eos_token,
         "alpaca_template": [ALPACA_PROMPT, ALPACA_PROMPT_NO_INPUT] if format == "alpaca" else None,
         **{k: config[k] for k in ("format", "fields", "max_length", "overlong", "on_bad_row", "backend")},
+        # Absent when unset, so that caches built before the option existed keep their keys.
+        **({"transcript": transcript} if transcript is not None else {}),
     }
     key = config_digest(key_parts)
     name = f"{format}-{key[:20]}"
     final = os.path.join(out, name)
     os.makedirs(out, exist_ok=True)
 
-    with _locked(os.path.join(out, f".{name}.lock")):
+    with locked(os.path.join(out, f".{name}.lock"), final):
         cache_mod.clean_stale(out, name)
+        sweep_locks(out)
         if os.path.exists(final) and not force:
             try:
                 manifest = cache_mod.read_manifest(final)
@@ -232,7 +250,7 @@ def build_cache(
 
         tok = _tokenizer(config["tokenizer"], chat_template, eos_token, key)
         # Validates the format against the tokenizer (EOS, chat template) before any work.
-        Formatter(format, tok, fields=fields, max_length=max_length, overlong=overlong, path=input)
+        Formatter(format, tok, fields=fields, max_length=max_length, overlong=overlong, path=input, transcript=transcript)
         tmp = None
         try:
             tmp = cache_mod.temp_dir(out, name)
@@ -250,9 +268,14 @@ def build_cache(
     return final, {**manifest["counts"], "hit": False, "seconds": seconds, "path": final}
 
 
+def _is_int(x) -> bool:
+    return isinstance(x, numbers.Integral) and not isinstance(x, bool)
+
+
 def _tokenize_into(tmp: str, table, config: dict, num_workers: int | None, show_progress: bool, key: str) -> dict:
     rows = len(table)
-    workers = max(1, min(num_workers or _cpu_count(), rows))
+    # 0 means this process, as for DataLoader; 1 worker runs inline too (no process to start).
+    workers = max(1, min(_cpu_count() if num_workers is None else int(num_workers), rows))
     bounds = [rows * i // workers for i in range(workers + 1)]
     tasks = [
         {
@@ -304,27 +327,14 @@ def _cpu_count() -> int:
         return os.cpu_count() or 1
 
 
-@contextlib.contextmanager
-def _locked(path: str):
-    """An advisory lock so concurrent runs for one key wait instead of tokenizing twice.
-
-    Correctness does not rest on it (publishing is an atomic rename); it only saves the work.
-    """
-    with open(path, "a+") as f:
-        fcntl.flock(f.fileno(), fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(f.fileno(), fcntl.LOCK_UN)
-
-
 def precache(input: str, *, tokenizer: str, format: str, out: str, **options) -> str:
     """Tokenize ``input`` into a cache under ``out`` (or find it there) and return the cache's path.
 
-    Options: ``max_length``, ``overlong="drop"|"truncate"``, ``num_workers`` (default: all cores),
-    ``backend="arrow"|"array_record"``, ``fields={"instruction": "question", ...}``, ``split``
-    (e.g. ``"train[:1000]"``), ``chat_template`` (file, text or ``"default"``), ``eos_token``,
-    ``on_bad_row="error"|"skip"``, ``force``.
+    Options: ``max_length`` (>= 2), ``overlong="drop"|"truncate"``, ``num_workers`` (default: all
+    cores; 0 or 1: in this process), ``backend="arrow"|"array_record"``,
+    ``fields={"instruction": "question", ...}``, ``split`` (e.g. ``"train[:1000]"``), ``chat_template``
+    (file, text or ``"default"``), ``eos_token``, ``on_bad_row="error"|"skip"``, ``transcript``
+    (chat: ``"hh"`` or ``{marker: role}``, the ``messages`` field is one role-marked string), ``force``.
 
     Example:
         >>> path = precache("gsm8k.jsonl", tokenizer="phi-3-mini/", format="alpaca", out="cache/",
@@ -335,75 +345,3 @@ def precache(input: str, *, tokenizer: str, format: str, out: str, **options) ->
 
 def _fmt_dropped(dropped: dict) -> str:
     return ", ".join(f"{k}: {v}" for k, v in dropped.items()) or "none"
-
-
-def _parse_fields(pairs: list[str]) -> dict[str, str]:
-    fields = {}
-    for pair in pairs:
-        name, sep, column = pair.partition("=")
-        if not sep or not name or not column:
-            raise PortableLoaderError(f"--field expects NAME=COLUMN, got {pair!r}")
-        fields[name] = column
-    return fields
-
-
-def main(argv: list[str] | None = None) -> int:
-    """The command line; see ``python -m portable_loader.precache --help``."""
-    p = argparse.ArgumentParser(
-        prog="python -m portable_loader.precache",
-        description="Tokenize a dataset into a portable_loader cache and print the cache directory. "
-        "With no arguments: the bundled sample chat dataset and tokenizer.",
-    )
-    p.add_argument("--input", help="JSONL(.gz), JSON list, Parquet, .txt, or a datasets.save_to_disk folder")
-    p.add_argument("--format", choices=FORMATS)
-    p.add_argument("--tokenizer", help="local tokenizer folder (tokenizer.json [+ tokenizer_config.json])")
-    p.add_argument("--out", default="portable_loader_cache", help="parent directory of caches")
-    p.add_argument("--max-length", type=int)
-    p.add_argument("--overlong", choices=("drop", "truncate"), default="drop")
-    p.add_argument("--num-workers", type=int, help="default: all cores")
-    p.add_argument("--backend", choices=cache_mod.BACKENDS, default="arrow")
-    p.add_argument("--field", action="append", default=[], metavar="NAME=COLUMN", help="rename an input field")
-    p.add_argument("--split", help="Hugging Face split slice, e.g. 'train[:1000]'")
-    p.add_argument("--chat-template", help="template file, or 'default' for a simple built-in one")
-    p.add_argument("--eos-token", help="EOS token, for tokenizers that do not declare one")
-    p.add_argument("--on-bad-row", choices=("error", "skip"), default="error")
-    p.add_argument("--force", action="store_true", help="rebuild even if the cache exists")
-    p.add_argument("--verify", action="store_true", help="check every shard's checksum of the resulting cache")
-    args = p.parse_args(argv)
-
-    if args.input is None and args.format is None and args.tokenizer is None:
-        sample = sample_args()
-        args.input, args.format, args.tokenizer = sample["input"], sample["format"], sample["tokenizer"]
-    missing = [f"--{n}" for n in ("input", "format", "tokenizer") if getattr(args, n) is None]
-    if missing:
-        p.error(f"missing {', '.join(missing)} (or give none of them to use the bundled sample)")
-    try:
-        path, s = build_cache(
-            args.input, tokenizer=args.tokenizer, format=args.format, out=args.out, max_length=args.max_length,
-            overlong=args.overlong, num_workers=args.num_workers, backend=args.backend,
-            fields=_parse_fields(args.field), split=args.split, chat_template=args.chat_template,
-            eos_token=args.eos_token, on_bad_row=args.on_bad_row, force=args.force,
-            show_progress=sys.stderr.isatty(),
-        )
-        if args.verify:
-            cache_mod.open_cache(path, verify=True)
-    except PortableLoaderError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 1
-    except KeyboardInterrupt:
-        print("interrupted: no cache was published", file=sys.stderr)
-        return 130
-    if s["hit"]:
-        print(f"cache hit: {s['rows_out']} records, {s['tokens']} tokens (nothing tokenized, {s['seconds']:.2f} s)")
-    else:
-        rate = s["rows_in"] / max(s["tokenize_seconds"], 1e-9)
-        print(
-            f"rows in: {s['rows_in']}  rows out: {s['rows_out']}  dropped: {_fmt_dropped(s['dropped'])}  "
-            f"truncated: {s['truncated']}\ntokens: {s['tokens']} ({s['trainable_tokens']} trained)  "
-            f"seconds: {s['seconds']:.2f}  rows/s: {rate:,.0f}  workers: {s['num_workers']}"
-        )
-    if args.verify:
-        print("verified: every shard checksum matches")
-    print(path)
-    return 0
-

@@ -2,6 +2,6 @@
 
 import sys
 
-from portable_loader.precache import main
+from portable_loader.precache.cli import main
 
 sys.exit(main())

@@ -1,0 +1,209 @@
+"""The ``python -m portable_loader.precache`` command line.
+
+Building a cache takes options only (``--input ... --format ... --tokenizer ...``, or none for the
+bundled sample). Three subcommands look after what was built::
+
+    python -m portable_loader.precache info CACHE [--json]   rows, tokens, length histogram, options
+    python -m portable_loader.precache ls [OUT] [--json]     the caches in a folder
+    python -m portable_loader.precache rm CACHE [CACHE ...]  delete caches (refuses any other folder)
+
+Errors in the data, tokenizer or cache print one ``error: ...`` line and exit 1; malformed arguments
+are argparse's (usage and ``error: ...``, exit 2).
+
+Example:
+    $ python -m portable_loader.precache --input hh.jsonl.gz --format chat --tokenizer phi-3-mini \\
+          --field messages=chosen --transcript hh
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+
+from portable_loader import cache as cache_mod
+from portable_loader.errors import PortableLoaderError
+from portable_loader.precache import _fmt_dropped, build_cache, sample_args
+from portable_loader.precache.manage import cache_info, format_info, list_caches, remove_cache
+from portable_loader.tokenize import FIELDS, FORMATS, MIN_MAX_LENGTH, TRANSCRIPT_PRESETS
+
+__all__ = ["main"]
+
+SUBCOMMANDS = ("info", "ls", "rm")
+
+
+class _Help(argparse.ArgumentDefaultsHelpFormatter):
+    """Shows a default only where there is one (not ``None``/``False``/``[]``: the help says those)."""
+
+    def _get_help_string(self, action):
+        if action.default in (None, False, []):
+            return action.help
+        return super()._get_help_string(action)
+
+
+class _Parser(argparse.ArgumentParser):
+    """Argument errors as one ``error:`` line (exit 2), like the data errors' (exit 1)."""
+
+    def error(self, message):
+        self.exit(2, f"error: {message} (see {self.prog} --help)\n")
+
+
+def _int_at_least(low: int, note: str = ""):
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+        if value < low:
+            raise argparse.ArgumentTypeError(f"must be >= {low}{note}, got {value}")
+        return value
+
+    return parse
+
+
+def _parse_fields(pairs: list[str]) -> dict[str, str]:
+    fields = {}
+    for pair in pairs:
+        name, sep, column = pair.partition("=")
+        if not sep or not name or not column:
+            raise PortableLoaderError(f"--field expects NAME=COLUMN, got {pair!r}")
+        fields[name] = column
+    return fields
+
+
+def _parse_transcript(values: list[str]) -> str | dict[str, str] | None:
+    """``--transcript hh`` (a preset) or ``--transcript MARKER=ROLE`` repeated, with ``\\n`` escapes."""
+    if not values:
+        return None
+    if len(values) == 1 and "=" not in values[0]:
+        return values[0]
+    markers = {}
+    for value in values:
+        marker, sep, role = value.rpartition("=")
+        if not sep or not marker:
+            raise PortableLoaderError(f"--transcript expects a preset ({', '.join(TRANSCRIPT_PRESETS)}) or MARKER=ROLE, got {value!r}")
+        markers[marker.encode("latin-1", "backslashreplace").decode("unicode_escape")] = role
+    return markers
+
+
+def _build_parser() -> argparse.ArgumentParser:
+    p = _Parser(
+        prog="python -m portable_loader.precache",
+        description="Tokenize a dataset into a portable_loader cache and print the cache directory. "
+        "With no arguments: the bundled sample chat dataset and tokenizer.",
+        epilog="Subcommands: 'info CACHE' (stats), 'ls [OUT]' (list caches), 'rm CACHE...' (delete); "
+        "each takes --help.",
+        formatter_class=_Help,
+    )
+    p.add_argument("--input", help="JSONL(.gz), JSON list, Parquet, .txt, or a datasets.save_to_disk folder")
+    p.add_argument("--format", choices=FORMATS, help="text: loss on all; alpaca, chat: loss on the answers only")
+    p.add_argument("--tokenizer", help="local tokenizer folder (tokenizer.json [+ tokenizer_config.json])")
+    p.add_argument("--out", default="portable_loader_cache", help="parent directory of caches")
+    p.add_argument("--max-length", type=_int_at_least(MIN_MAX_LENGTH), metavar="TOKENS",
+                   help="longest record kept, in tokens (default: no limit); see --overlong")
+    p.add_argument("--overlong", choices=("drop", "truncate"), default="drop",
+                   help="what happens to a record longer than --max-length (both are counted)")
+    p.add_argument("--num-workers", type=_int_at_least(0), metavar="N",
+                   help="tokenizer processes (default: all cores); 0 or 1: tokenize in this process")
+    p.add_argument("--backend", choices=cache_mod.BACKENDS, default="arrow",
+                   help="shard format: arrow (memory-mapped, datasets.load_from_disk) or array_record (Grain)")
+    p.add_argument("--field", action="append", default=[], metavar="NAME=COLUMN",
+                   help="read the format's field NAME from input column COLUMN; names: "
+                   + "; ".join(f"{f}: {', '.join(n)}" for f, n in FIELDS.items()))
+    p.add_argument("--transcript", action="append", default=[], metavar="PRESET|MARKER=ROLE",
+                   help="chat: the messages field is one role-marked string; 'hh' for hh-rlhf "
+                   "('\\n\\nHuman:' user, '\\n\\nAssistant:' assistant), or MARKER=ROLE repeated "
+                   "(\\n escapes allowed)")
+    p.add_argument("--split", help="Hugging Face split slice, e.g. 'train[:1000]'")
+    p.add_argument("--chat-template", help="template file, or 'default' for a simple built-in one")
+    p.add_argument("--eos-token", help="EOS token, for tokenizers that do not declare one")
+    p.add_argument("--on-bad-row", choices=("error", "skip"), default="error",
+                   help="a malformed row stops the run, or is skipped and counted")
+    p.add_argument("--force", action="store_true", help="rebuild even if the cache exists")
+    p.add_argument("--verify", action="store_true", help="check every shard's checksum of the resulting cache")
+    return p
+
+
+def _build(argv: list[str]) -> int:
+    p = _build_parser()
+    args = p.parse_args(argv)
+    if args.input is None and args.format is None and args.tokenizer is None:
+        sample = sample_args()
+        args.input, args.format, args.tokenizer = sample["input"], sample["format"], sample["tokenizer"]
+    missing = [f"--{n}" for n in ("input", "format", "tokenizer") if getattr(args, n) is None]
+    if missing:
+        p.error(f"missing {', '.join(missing)} (or give none of them to use the bundled sample)")
+    try:
+        path, s = build_cache(
+            args.input, tokenizer=args.tokenizer, format=args.format, out=args.out, max_length=args.max_length,
+            overlong=args.overlong, num_workers=args.num_workers, backend=args.backend,
+            fields=_parse_fields(args.field), split=args.split, chat_template=args.chat_template,
+            eos_token=args.eos_token, on_bad_row=args.on_bad_row, transcript=_parse_transcript(args.transcript),
+            force=args.force, show_progress=sys.stderr.isatty(),
+        )
+        if args.verify:
+            cache_mod.open_cache(path, verify=True)
+    except PortableLoaderError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("interrupted: no cache was published", file=sys.stderr)
+        return 130
+    if s["hit"]:
+        print(f"cache hit: {s['rows_out']} records, {s['tokens']} tokens (nothing tokenized, {s['seconds']:.2f} s)")
+    else:
+        rate = s["rows_in"] / max(s["tokenize_seconds"], 1e-9)
+        print(
+            f"rows in: {s['rows_in']}  rows out: {s['rows_out']}  dropped: {_fmt_dropped(s['dropped'])}  "
+            f"truncated: {s['truncated']}\ntokens: {s['tokens']} ({s['trainable_tokens']} trained)  "
+            f"seconds: {s['seconds']:.2f}  rows/s: {rate:,.0f}  workers: {s['num_workers']}"
+        )
+    if args.verify:
+        print("verified: every shard checksum matches")
+    print(path)
+    return 0
+
+
+def _manage(argv: list[str]) -> int:
+    p = _Parser(prog="python -m portable_loader.precache", formatter_class=_Help)
+    sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    info = sub.add_parser("info", help="a cache's rows, tokens, length histogram and build options")
+    info.add_argument("cache", help="a cache directory (the path precache printed)")
+    info.add_argument("--json", action="store_true", help="print cache_info()'s dict as JSON")
+    ls = sub.add_parser("ls", help="the caches in a folder", formatter_class=_Help)
+    ls.add_argument("out", nargs="?", default="portable_loader_cache", help="the --out folder of precache")
+    ls.add_argument("--json", action="store_true", help="print list_caches()'s list as JSON")
+    rm = sub.add_parser("rm", help="delete caches (refuses any folder that is not a cache)")
+    rm.add_argument("caches", nargs="+", help="cache directories")
+    args = p.parse_args(argv)
+    try:
+        if args.command == "info":
+            result = cache_info(args.cache)
+            print(json.dumps(result, indent=2) if args.json else format_info(result))
+        elif args.command == "ls":
+            caches = list_caches(args.out)
+            if args.json:
+                print(json.dumps(caches, indent=2))
+            for c in [] if args.json else caches:
+                when = time.strftime("%Y-%m-%d %H:%M", time.localtime(c["created_unix"])) if c["created_unix"] else "?"
+                state = f"INVALID: {c['error']}" if c["error"] else f"{c['rows']:>10,} rows {c['tokens']:>14,} tokens {c['bytes']:>14,} bytes  {when}"
+                print(f"{c['name']:<32} {state}")
+            if not args.json and not caches:
+                print(f"no caches in {args.out}", file=sys.stderr)
+        else:
+            for path in args.caches:
+                remove_cache(path)
+                print(f"removed {path}")
+    except PortableLoaderError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """The command line; see ``python -m portable_loader.precache --help``."""
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv and argv[0] in SUBCOMMANDS:
+        return _manage(argv)
+    return _build(argv)

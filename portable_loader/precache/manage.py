@@ -1,0 +1,160 @@
+"""Look into and tidy a folder of caches: :func:`cache_info`, :func:`list_caches`, :func:`remove_cache`.
+
+These back the ``info``, ``ls`` and ``rm`` subcommands of ``python -m portable_loader.precache``.
+
+Example:
+    >>> import portable_loader as pl
+    >>> [c["name"] for c in pl.list_caches("cache/")]          # doctest: +SKIP
+    ['alpaca-0123456789abcdef0123', 'chat-89abcdef0123456789ab']
+    >>> pl.cache_info("cache/alpaca-0123456789abcdef0123")["rows"]  # doctest: +SKIP
+    7473
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import uuid
+
+import numpy as np
+
+from portable_loader import cache as cache_mod
+from portable_loader.errors import CacheError
+from portable_loader.precache.lock import locked
+
+__all__ = ["cache_info", "list_caches", "remove_cache", "format_info"]
+
+_QUANTILES = (0.5, 0.9, 0.99)
+# What precache writes into a cache directory; remove_cache deletes nothing else.
+_CACHE_FILE = re.compile(r"(manifest\.json|state\.json|dataset_info\.json|data-\d{5}-of-\d{5}\.(arrow|array_record))")
+
+
+def cache_info(path: str) -> dict:
+    """A cache's size and shape: rows, tokens, drops, bytes, record-length statistics, build options.
+
+    ``lengths`` holds min/mean/max, the 50/90/99th percentiles and a histogram over power-of-two
+    bins (``[lo, hi)`` token counts and the number of records in each). ``options`` is the
+    configuration the cache was built with (input, tokenizer, format, max_length, ...).
+
+    Example:
+        >>> info = cache_info("cache/alpaca-0123456789abcdef0123")   # doctest: +SKIP
+        >>> info["rows"], info["tokens"], info["lengths"]["p50"]     # doctest: +SKIP
+        (7473, 1718201, 221.0)
+    """
+    src = cache_mod.open_cache(path)
+    m = src.manifest
+    lengths = src.lengths(np.arange(len(src)))
+    counts = m["counts"]
+    return {
+        "path": os.path.abspath(path),
+        "name": os.path.basename(os.path.abspath(path)),
+        "key": m.get("key"),
+        "backend": m["backend"],
+        "format_version": m["format_version"],
+        "created_unix": m.get("created_unix"),
+        "rows": len(src),
+        "rows_in": counts.get("rows_in"),
+        "dropped": counts.get("dropped", {}),
+        "truncated": counts.get("truncated"),
+        "tokens": int(lengths.sum()),
+        "trainable_tokens": counts.get("trainable_tokens"),
+        "bytes": sum(s["bytes"] for s in m["shards"]),
+        "shards": len(m["shards"]),
+        "lengths": _length_stats(lengths),
+        "options": m.get("config", {}),
+    }
+
+
+def _length_stats(lengths: np.ndarray) -> dict:
+    top = max(int(lengths.max()), 1)
+    edges = [0, 1] + [1 << k for k in range(1, top.bit_length() + 1)]
+    hist, _ = np.histogram(lengths, bins=edges)
+    return {
+        "min": int(lengths.min()),
+        "mean": round(float(lengths.mean()), 2),
+        "max": int(lengths.max()),
+        **{f"p{round(q * 100)}": float(np.quantile(lengths, q)) for q in _QUANTILES},
+        "histogram": [[lo, hi, int(n)] for lo, hi, n in zip(edges[:-1], edges[1:], hist) if hi > lengths.min()],
+    }
+
+
+def format_info(info: dict) -> str:
+    """``cache_info``'s dict as the text ``precache info`` prints (a bar per histogram bin).
+
+    Example:
+        >>> print(format_info(cache_info(path)))   # doctest: +SKIP
+    """
+    s = info["lengths"]
+    n = lambda v: "?" if v is None else f"{v:,}"  # noqa: E731  (counts a hand-made manifest may lack)
+    lines = [
+        f"cache:    {info['path']}",
+        f"backend:  {info['backend']} ({info['shards']} shards, {info['bytes']:,} bytes)",
+        f"rows:     {info['rows']:,} (of {n(info['rows_in'])} input rows; dropped: "
+        f"{', '.join(f'{k} {v}' for k, v in info['dropped'].items()) or 'none'}; truncated: {info['truncated']})",
+        f"tokens:   {info['tokens']:,} ({n(info['trainable_tokens'])} trained)",
+        f"length:   min {s['min']}  mean {s['mean']}  p50 {s['p50']:g}  p90 {s['p90']:g}  p99 {s['p99']:g}  max {s['max']}",
+    ]
+    widest = max(n for _, _, n in s["histogram"])
+    for lo, hi, n in s["histogram"]:
+        lines.append(f"  {lo:>7}-{hi - 1:<7} {'#' * round(40 * n / widest):<40} {n:,}")
+    lines.append("options:")
+    lines += [f"  {k}: {v}" for k, v in sorted(info["options"].items())]
+    return "\n".join(lines)
+
+
+def list_caches(out: str) -> list[dict]:
+    """The caches directly under ``out``, by name: their size, or the error that makes one unusable.
+
+    Each entry has ``name``, ``path``, ``format``, ``rows``, ``tokens``, ``bytes``, ``created_unix`` and
+    ``error`` (``None`` for a sound cache). Folders without ``manifest.json`` are not caches and are
+    left out; so are the hidden temporary folders of runs in progress.
+
+    Example:
+        >>> [(c["name"], c["rows"]) for c in list_caches("portable_loader_cache")]   # doctest: +SKIP
+        [('chat-3f0c9a1b2d4e5f60718a', 64)]
+    """
+    out = os.fspath(out)
+    if not os.path.isdir(out):
+        raise CacheError(f"{out}: no such folder")
+    found = []
+    for name in sorted(cache_mod.cache_names(out)):
+        path = os.path.join(out, name)
+        entry = {"name": name, "path": path, "format": name.split("-", 1)[0], "rows": None, "tokens": None,
+                 "bytes": None, "created_unix": None, "error": None}
+        try:
+            m = cache_mod.read_manifest(path)
+            cache_mod.check_shards(path, m)
+        except CacheError as e:
+            entry["error"] = str(e)
+        else:
+            entry.update(rows=m["counts"]["rows_out"], tokens=m["counts"]["tokens"],
+                         bytes=sum(s["bytes"] for s in m["shards"]), created_unix=m.get("created_unix"),
+                         format=m.get("config", {}).get("format", entry["format"]))
+        found.append(entry)
+    return found
+
+
+def remove_cache(path: str) -> None:
+    """Delete one cache directory, refusing any folder that holds anything but a cache's own files.
+
+    The cache is renamed out of sight first (readers never see half of it), under the same lock that
+    precache takes for it, so a concurrent rebuild of that cache cannot interleave.
+
+    Example:
+        >>> remove_cache("cache/text-0123456789abcdef0123")   # doctest: +SKIP
+    """
+    path = os.path.abspath(os.fspath(path))
+    if not os.path.isdir(path):
+        raise CacheError(f"{path}: no such cache directory")
+    if not os.path.isfile(os.path.join(path, cache_mod.MANIFEST)):
+        raise CacheError(f"{path}: not a portable_loader cache (no {cache_mod.MANIFEST}); nothing removed")
+    out, name = os.path.split(path)
+    with locked(os.path.join(out, f".{name}.lock"), name):
+        others = sorted(e for e in os.listdir(path) if not _CACHE_FILE.fullmatch(e))
+        if others:
+            shown = ", ".join(others[:5]) + (", ..." if len(others) > 5 else "")
+            raise CacheError(f"{path}: holds files that precache did not write ({shown}); nothing removed")
+        trash = os.path.join(out, f".trash-{name}-{cache_mod._HOST}-{os.getpid()}-{uuid.uuid4().hex[:8]}")
+        os.rename(path, trash)
+        shutil.rmtree(trash)
