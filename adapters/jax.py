@@ -28,7 +28,8 @@ import jax
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from portable_loader.loader import Closing, DataLoader
+from portable_loader.lifecycle import Closing, close_at_exit
+from portable_loader.loader import DataLoader
 from portable_loader.workers import Producer
 
 __all__ = ["JaxLoader", "LoaderSave", "LoaderRestore", "LoaderCheckpointHandler"]
@@ -48,6 +49,10 @@ def _rows_of_this_process(sharding, global_shape) -> tuple[int, int]:
             "lay the batch axis out so that each process holds rows [k*B/K, (k+1)*B/K)"
         )
     return lo // size, global_shape[0] // size
+
+
+def _global_batch(sharding, global_shape, batch: dict[str, np.ndarray]) -> dict[str, jax.Array]:
+    return {k: jax.make_array_from_process_local_data(sharding, v, global_shape) for k, v in batch.items()}
 
 
 class JaxLoader(Closing):
@@ -80,11 +85,10 @@ class JaxLoader(Closing):
         self._it = iter(self.loader)
         self._state = self._it.get_state()
         self._producer: Producer | None = None
+        close_at_exit(self)  # its thread must stop before JAX's exit handler shuts the backend down
 
     def _to_global(self, batch: dict[str, np.ndarray]) -> dict[str, jax.Array]:
-        return {
-            k: jax.make_array_from_process_local_data(self.sharding, v, self.global_shape) for k, v in batch.items()
-        }
+        return _global_batch(self.sharding, self.global_shape, batch)
 
     def __iter__(self) -> "JaxLoader":
         return self
@@ -95,9 +99,11 @@ class JaxLoader(Closing):
             self._state = self._it.get_state()
             return batch
         if self._producer is None:
-            it = self._it
-            self._producer = Producer(lambda: (self._to_global(next(it)), it.get_state()), self.prefetch,
-                                      "portable_loader-jax-prefetch")
+            # The thread must not hold self: then a JaxLoader dropped without close() is collected,
+            # and its __del__ stops the thread.
+            it, sharding, shape = self._it, self.sharding, self.global_shape
+            self._producer = Producer(lambda: (_global_batch(sharding, shape, next(it)), it.get_state()),
+                                      self.prefetch, "portable_loader-jax-prefetch")
         batch, self._state = self._producer.next()
         return batch
 

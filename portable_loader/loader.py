@@ -29,6 +29,7 @@ from typing import Any, Iterator, Sequence
 import numpy as np
 
 from portable_loader.collate import collate
+from portable_loader.lifecycle import Closing, close_at_exit
 from portable_loader.plan import Cursor, Planner
 from portable_loader.sampler import LCGSampler
 
@@ -168,25 +169,6 @@ class DataLoader:
         return f"DataLoader({self.config}, shard {self.shard_index}/{self.shard_count}, workers={self.num_workers})"
 
 
-class Closing:
-    """``with`` support and a last-resort ``close()`` at garbage collection."""
-
-    def close(self) -> None:
-        raise NotImplementedError
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
-
-    def __del__(self):
-        try:
-            self.close()
-        except Exception:  # interpreter shutdown: modules may already be gone
-            pass
-
-
 class LoaderIterator(Closing, Iterator[dict]):
     """Yields this host's slice of each global batch; ``get_state``/``set_state`` resume exactly.
 
@@ -201,6 +183,7 @@ class LoaderIterator(Closing, Iterator[dict]):
         self._cursor = Cursor(0, 0, 0)
         self._engine = None
         self._tokens = self._slots = 0
+        close_at_exit(self)  # threads and workers stop before the frameworks' exit handlers run
 
     @property
     def stats(self) -> dict[str, float]:

@@ -1,0 +1,171 @@
+"""Every process ends promptly with its own exit code, whether or not it closed its loaders.
+
+Each case runs tests/exit_job.py as real subprocesses (one or two ranks of a jax.distributed or
+torch.distributed job on 127.0.0.1), several times where the failure was a race, and checks the exit
+code, the time from the last batch (or the signal) to the exit, and that no worker process and no
+/dev/shm entry outlives the job, including when the job is SIGKILLed.
+"""
+
+import os
+import select
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import psutil
+import pytest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+JOB = os.path.join(HERE, "exit_job.py")
+EXIT_S = 15  # generous (loaded machine): the failures were an abort, or a hang that never ends
+ORPHAN_S = 5  # a worker whose parent died ends within this
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def shm() -> set:
+    return set(os.listdir("/dev/shm")) if os.path.isdir("/dev/shm") else set()
+
+
+def alive(procs) -> list:
+    out = []
+    for p in procs:
+        try:
+            if p.is_running() and p.status() != psutil.STATUS_ZOMBIE:
+                out.append(p)
+        except psutil.NoSuchProcess:
+            pass
+    return out
+
+
+def wait_gone(procs, seconds) -> list:
+    deadline = time.monotonic() + seconds
+    while alive(procs) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return alive(procs)
+
+
+def run_job(adapter, prefetch, workers, how, *, dist=None, signal_to_send=None, want=None):
+    """Start the job's ranks, wait for ``ready``, let them end (or signal them), check how they ended."""
+    shm_before = shm()
+    world = 2 if dist else 1
+    port = free_port()
+    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}  # the job sets its own devices
+    procs = [
+        subprocess.Popen([sys.executable, JOB, adapter, str(prefetch), str(workers), how,
+                          *([dist, str(r), str(world), str(port)] if dist else [])],
+                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, start_new_session=True)
+        for r in range(world)
+    ]
+    try:
+        deadline = time.monotonic() + 120
+        for p in procs:
+            ready, _, _ = select.select([p.stdout], [], [], max(0.0, deadline - time.monotonic()))
+            line = p.stdout.readline() if ready else ""
+            assert line.strip() == "ready", f"job did not get ready: {line!r}\n{p.stderr.read()[-3000:] if p.poll() is not None else ''}"
+        kids = [k for p in procs for k in psutil.Process(p.pid).children(recursive=True)]
+        assert len(kids) >= workers * world, f"expected {workers} workers per rank, saw {kids}"
+        t0 = time.monotonic()
+        for p in procs:
+            if signal_to_send is not None:
+                p.send_signal(signal_to_send)
+            else:
+                p.stdin.write("go\n")
+                p.stdin.flush()
+        codes, errs = [], []
+        for p in procs:
+            try:
+                _, err = p.communicate(timeout=max(0.1, t0 + EXIT_S - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                pytest.fail(f"{adapter} p{prefetch} w{workers} {how} {dist}: still running {EXIT_S} s after "
+                            f"{'the signal' if signal_to_send else 'its last batch'}")
+            codes.append(p.returncode)
+            errs.append(err)
+        seconds = time.monotonic() - t0
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                os.killpg(p.pid, signal.SIGKILL)
+                p.communicate()
+    assert codes == [want] * world, f"exit codes {codes}, expected {want}:\n" + "\n".join(e[-2000:] for e in errs)
+    assert seconds < EXIT_S
+    assert not any("terminate called" in e or "FATAL" in e for e in errs), errs
+    assert wait_gone(kids, ORPHAN_S) == [], "a worker process outlived the job"
+    assert_no_new_shm(shm_before)
+    return seconds
+
+
+def assert_no_new_shm(before) -> None:
+    left = shm() - before
+    deadline = time.monotonic() + 5
+    while left and time.monotonic() < deadline:  # other test runs on this machine come and go
+        time.sleep(0.2)
+        left &= shm()
+    assert not left, f"/dev/shm entries left behind: {sorted(left)}"
+
+
+# --- a single process ---------------------------------------------------------------------------
+
+END = {"normal": 0, "exit3": 3, "raise": 1}
+
+
+@pytest.mark.parametrize("prefetch,workers", [(2, 0), (0, 2), (2, 2)])
+def test_jax_loader_left_open_exits_cleanly(prefetch, workers):
+    for _ in range(3):  # the abort was a race with JAX's exit handler
+        run_job("jax", prefetch, workers, "normal", want=0)
+
+
+@pytest.mark.parametrize("adapter,prefetch,workers,how", [
+    ("loader", 2, 2, "normal"), ("loader", 0, 2, "exit3"), ("loader", 2, 0, "raise"),
+    ("torch", 2, 2, "normal"), ("torch", 0, 2, "raise"), ("torch-sync", 2, 2, "exit3"),
+    ("jax", 0, 0, "exit3"), ("jax", 2, 2, "raise"),
+])
+def test_every_way_out_keeps_its_exit_code(adapter, prefetch, workers, how):
+    run_job(adapter, prefetch, workers, how, want=END[how])
+
+
+@pytest.mark.parametrize("adapter,prefetch,workers,sig", [
+    ("loader", 2, 2, signal.SIGINT), ("torch", 2, 2, signal.SIGINT), ("jax", 2, 2, signal.SIGINT),
+    ("loader", 0, 2, signal.SIGTERM), ("torch-sync", 2, 2, signal.SIGTERM), ("jax", 2, 2, signal.SIGTERM),
+])
+def test_ctrl_c_and_a_schedulers_sigterm_end_the_job_and_its_workers(adapter, prefetch, workers, sig):
+    # Python ends an uncaught KeyboardInterrupt by killing itself with SIGINT; SIGTERM's default kills.
+    run_job(adapter, prefetch, workers, "loop", signal_to_send=sig, want=-sig)
+
+
+@pytest.mark.parametrize("adapter,prefetch,workers", [
+    ("loader", 0, 2),  # workers forked by the main thread: the kernel's parent-death signal
+    ("jax", 2, 2),  # forked by the prefetch thread: the workers' own watch on their parent
+    ("torch", 2, 2),  # forked by the async collator's thread
+])
+def test_workers_end_by_themselves_when_the_parent_is_sigkilled(adapter, prefetch, workers):
+    seconds = run_job(adapter, prefetch, workers, "loop", signal_to_send=signal.SIGKILL, want=-signal.SIGKILL)
+    assert seconds < 2  # SIGKILL is immediate; the workers are given ORPHAN_S in run_job
+
+
+# --- two processes --------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("prefetch,workers", [(2, 2), (0, 2), (2, 0)])
+def test_two_process_jax_job_exits_without_closing(prefetch, workers):
+    for _ in range(2):
+        run_job("jax", prefetch, workers, "normal", dist="jax", want=0)
+
+
+def test_two_process_jax_job_exit_code_survives():
+    run_job("jax", 2, 2, "exit3", dist="jax", want=3)
+
+
+@pytest.mark.parametrize("adapter,how", [("torch", "normal"), ("loader", "exit3"), ("torch-sync", "raise")])
+def test_two_process_torch_job_exits_without_closing(adapter, how):
+    run_job(adapter, 2, 2, how, dist="torch", want=END[how])
+
+
+def test_two_process_torch_job_ends_on_sigterm():
+    run_job("torch", 2, 2, "loop", dist="torch", signal_to_send=signal.SIGTERM, want=-signal.SIGTERM)
