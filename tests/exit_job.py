@@ -5,8 +5,9 @@
 ADAPTER: ``loader`` (the bare DataLoader), ``torch`` (TorchLoader, async collation), ``torch-sync``
 (TorchLoader without it) or ``jax`` (JaxLoader). HOW the script ends once it has taken 3 batches and
 printed ``ready``: ``normal`` (falls off the end), ``exit3`` (``sys.exit(3)``), ``raise`` (an uncaught
-exception) once the test writes a line to its stdin (it lists the workers meanwhile), or ``loop``
-(keeps training until a signal from the test ends it). DIST: ``jax`` or
+exception) once the test writes a line to its stdin (it lists the workers meanwhile), ``loop``
+(keeps training until a signal from the test ends it), or ``preempt`` (under jax.distributed: trains
+until JAX's preemption service, told by a SIGTERM, reports the sync point, then returns). DIST: ``jax`` or
 ``torch`` for one rank of a 2-process job on 127.0.0.1; omitted for a single process.
 """
 
@@ -54,15 +55,22 @@ def main() -> None:
     for _ in range(3):
         next(it)
     print("ready", flush=True)
-    if how != "loop":
+    if how not in ("loop", "preempt"):
         sys.stdin.readline()
     if how == "exit3":
         sys.exit(3)
     if how == "raise":
         raise RuntimeError("the training step failed")
-    while how == "loop":  # a training loop: the test's signal ends it
+    step = 3
+    while how in ("loop", "preempt"):  # a training loop: the test's signal ends it
         next(it)
         time.sleep(0.01)
+        step += 1
+        if how == "preempt":
+            from jax.experimental import multihost_utils
+
+            if multihost_utils.reached_preemption_sync_point(step):
+                return  # where a real loop saves its checkpoint and leaves
 
 
 if __name__ == "__main__":

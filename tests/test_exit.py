@@ -112,6 +112,44 @@ def assert_no_new_shm(before) -> None:
     assert not left, f"/dev/shm entries left behind: {sorted(left)}"
 
 
+# --- in this process: nothing keeps a dropped loader alive ------------------------------------------
+
+
+def loader_threads():
+    import threading
+
+    return [t for t in threading.enumerate() if t.name.startswith("portable_loader-")]
+
+
+@pytest.mark.parametrize("adapter", ["torch", "jax"])
+def test_a_dropped_adapter_is_collected_and_stops_its_thread_and_workers(adapter):
+    import gc
+    import weakref
+
+    import portable_loader as pl
+    from exit_job import source
+
+    before = loader_threads()
+    loader = pl.DataLoader(source(), global_batch_size=8, seq_len=32, num_workers=1)
+    if adapter == "torch":
+        obj = pytest.importorskip("portable_loader.adapters.torch").TorchLoader(loader)
+    else:
+        pytest.importorskip("jax")
+        obj = pytest.importorskip("portable_loader.adapters.jax").JaxLoader(loader)
+    next(obj)
+    workers = psutil.Process().children()
+    assert len(loader_threads()) > len(before) and workers
+    ref = weakref.ref(obj)
+    del obj  # neither its own thread nor the exit hook's registry may keep it alive
+    gc.collect()
+    assert ref() is None
+    assert wait_gone(workers, ORPHAN_S) == []
+    deadline = time.monotonic() + ORPHAN_S
+    while len(loader_threads()) > len(before) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert loader_threads() == before
+
+
 # --- a single process ---------------------------------------------------------------------------
 
 END = {"normal": 0, "exit3": 3, "raise": 1}
@@ -164,6 +202,12 @@ def test_two_process_jax_job_exits_without_closing(prefetch, workers):
 @FAULTS
 def test_two_process_jax_job_exit_code_survives():
     run_job("jax", 2, 2, "exit3", dist="jax", want=3)
+
+
+def test_two_process_jax_job_leaves_at_the_preemption_sync_point_after_sigterm():
+    # jax.distributed's preemption service keeps SIGTERM for itself (the process does not die); the
+    # loop leaves at the sync point, without closing its loader, and the workers go with it.
+    run_job("jax", 2, 2, "preempt", dist="jax", signal_to_send=signal.SIGTERM, want=0)
 
 
 @pytest.mark.parametrize("adapter,how", [
