@@ -40,7 +40,8 @@ _PR_SET_PDEATHSIG = 1  # from <linux/prctl.h>
 # handlers for them, Python's and C's alike: jax.distributed installs a C++ SIGTERM handler (its
 # preemption notice) that swallows the signal, so multiprocessing's exit-time terminate() would
 # not end the worker and its join (no timeout) would hang the parent forever.
-_RESET_SIGNALS = [getattr(signal, n) for n in ("SIGTERM", "SIGHUP", "SIGQUIT", "SIGUSR1", "SIGUSR2") if hasattr(signal, n)]
+_RESET_SIGNALS = [getattr(signal, n) for n in ("SIGTERM", "SIGHUP", "SIGQUIT", "SIGUSR1", "SIGUSR2")
+                  if hasattr(signal, n)]
 
 
 class WorkerError(RuntimeError):
@@ -205,7 +206,8 @@ class ProcessEngine:
         self._inboxes = [ctx.Queue() for _ in range(n)]
         self._outboxes = [ctx.Queue() for _ in range(n)]
         self._procs = [
-            ctx.Process(target=_worker_main, args=(i, loader, self._inboxes[i], self._outboxes[i], os.getpid(), from_main),
+            ctx.Process(target=_worker_main,
+                        args=(i, loader, self._inboxes[i], self._outboxes[i], os.getpid(), from_main),
                         name=f"portable_loader-worker-{i}", daemon=True)
             for i in range(n)
         ]

@@ -61,7 +61,8 @@ def run_job(adapter, prefetch, workers, how, *, dist=None, signal_to_send=None, 
     procs = [
         subprocess.Popen([sys.executable, JOB, adapter, str(prefetch), str(workers), how,
                           *([dist, str(r), str(world), str(port)] if dist else [])],
-                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, start_new_session=True)
+                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+                         start_new_session=True)
         for r in range(world)
     ]
     try:
@@ -69,7 +70,9 @@ def run_job(adapter, prefetch, workers, how, *, dist=None, signal_to_send=None, 
         for p in procs:
             ready, _, _ = select.select([p.stdout], [], [], max(0.0, deadline - time.monotonic()))
             line = p.stdout.readline() if ready else ""
-            assert line.strip() == "ready", f"job did not get ready: {line!r}\n{p.stderr.read()[-3000:] if p.poll() is not None else ''}"
+            if line.strip() != "ready":
+                err = p.stderr.read()[-3000:] if p.poll() is not None else "(still running)"
+                pytest.fail(f"job did not get ready: {line!r}\n{err}")
         kids = [k for p in procs for k in psutil.Process(p.pid).children(recursive=True)]
         assert len(kids) >= workers * world, f"expected {workers} workers per rank, saw {kids}"
         t0 = time.monotonic()
@@ -148,6 +151,41 @@ def test_a_dropped_adapter_is_collected_and_stops_its_thread_and_workers(adapter
     while len(loader_threads()) > len(before) and time.monotonic() < deadline:
         time.sleep(0.05)
     assert loader_threads() == before
+
+
+class Stubborn:
+    """A source whose reads, in a worker, ignore SIGTERM and never return (a worker stuck in C code)."""
+
+    def __init__(self, n):
+        from exit_job import source
+
+        self.data = source(n)
+
+    def __len__(self):
+        return len(self.data)
+
+    def __getitem__(self, i):
+        if os.getppid() != self.parent:
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)
+            time.sleep(600)
+        return self.data[i]
+
+
+def test_close_kills_a_worker_that_ignores_sigterm():
+    import portable_loader as pl
+    from portable_loader.workers import _WORKER_JOIN_S
+
+    src = Stubborn(32)
+    src.parent = os.getppid()  # of this process: in the worker, getppid() is this process instead
+    it = iter(pl.DataLoader(src, global_batch_size=4, seq_len=8, num_workers=1))
+    engine = it._start()  # forks the worker and hands it the first steps (next() would wait forever)
+    workers = psutil.Process().children()
+    assert len(workers) == 1
+    time.sleep(0.5)  # the worker is now inside a read, SIGTERM ignored
+    t0 = time.monotonic()
+    engine.close()
+    assert time.monotonic() - t0 < 3 * _WORKER_JOIN_S + 2
+    assert wait_gone(workers, 1) == []
 
 
 # --- a single process ---------------------------------------------------------------------------
