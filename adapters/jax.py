@@ -5,9 +5,11 @@
 the global array with ``jax.make_array_from_process_local_data``. A background thread keeps
 ``prefetch`` batches already on device; the state it reports is that of the batches returned.
 
-Checkpointing: ``LoaderSave(jl)`` / ``LoaderRestore(jl)`` are Orbax ``CheckpointArgs`` (one small JSON
-file per process; restore accepts a checkpoint written by any number of processes, since the state
-is global). Grain's ``grain.checkpoint.CheckpointSave/CheckpointRestore`` also work on a JaxLoader.
+Checkpointing: ``LoaderSave(jl)`` / ``LoaderRestore(jl)`` are Orbax ``CheckpointArgs`` for
+``LoaderCheckpointHandler`` (one small JSON file per process; restore accepts a checkpoint written by
+any number of processes, since the state is global: this is the elastic handler). Grain's
+``grain.checkpoint.CheckpointSave/CheckpointRestore`` also work on a JaxLoader, but only for the same
+process count; ``LoaderCheckpointHandler`` restores Grain's files from any count (docs/exit.md).
 
 Example:
     >>> from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
@@ -28,8 +30,9 @@ import jax
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from portable_loader.loader import Closing, DataLoader
 from portable_loader.errors import StateError
+from portable_loader.lifecycle import Closing, close_at_exit
+from portable_loader.loader import DataLoader
 from portable_loader.state import parse_state
 from portable_loader.workers import Producer
 
@@ -50,6 +53,10 @@ def _rows_of_this_process(sharding, global_shape) -> tuple[int, int]:
             "lay the batch axis out so that each process holds rows [k*B/K, (k+1)*B/K)"
         )
     return lo // size, global_shape[0] // size
+
+
+def _global_batch(sharding, global_shape, batch: dict[str, np.ndarray]) -> dict[str, jax.Array]:
+    return {k: jax.make_array_from_process_local_data(sharding, v, global_shape) for k, v in batch.items()}
 
 
 class JaxLoader(Closing):
@@ -82,11 +89,10 @@ class JaxLoader(Closing):
         self._it = iter(self.loader)
         self._state = self._it.get_state()
         self._producer: Producer | None = None
+        close_at_exit(self)  # its thread must stop before JAX's exit handler shuts the backend down
 
     def _to_global(self, batch: dict[str, np.ndarray]) -> dict[str, jax.Array]:
-        return {
-            k: jax.make_array_from_process_local_data(self.sharding, v, self.global_shape) for k, v in batch.items()
-        }
+        return _global_batch(self.sharding, self.global_shape, batch)
 
     def __iter__(self) -> "JaxLoader":
         return self
@@ -97,9 +103,11 @@ class JaxLoader(Closing):
             self._state = self._it.get_state()
             return batch
         if self._producer is None:
-            it = self._it
-            self._producer = Producer(lambda: (self._to_global(next(it)), it.get_state()), self.prefetch,
-                                      "portable_loader-jax-prefetch")
+            # The thread must not hold self: then a JaxLoader dropped without close() is collected,
+            # and its __del__ stops the thread.
+            it, sharding, shape = self._it, self.sharding, self.global_shape
+            self._producer = Producer(lambda: (_global_batch(sharding, shape, next(it)), it.get_state()),
+                                      self.prefetch, "portable_loader-jax-prefetch")
         batch, self._state = self._producer.next()
         return batch
 
@@ -145,12 +153,28 @@ def _read_state(path) -> dict:
 
 
 class LoaderCheckpointHandler:
-    """Orbax handler: ``process_<i>-of-<n>.json`` per process; restore reads any process count's files."""
+    """Orbax handler for loader state that restores from any process count: the elastic one.
+
+    It writes what Grain's ``grain.checkpoint.CheckpointHandler`` writes (``process_<i>-of-<n>.json``,
+    one per process, holding the iterator's state), but Grain's restore opens only the file of the
+    same index *and count*, so a checkpoint saved by 2 processes cannot be restored by 1. A loader's
+    state is global (every process saves the same one), so this handler's restore takes its own
+    file when the count matches and otherwise any of them, after checking that they agree. It reads
+    checkpoints written by Grain's handler too. Register it where MaxText registers Grain's:
+
+    Example:
+        >>> mngr = ocp.CheckpointManager(path, item_names=("items", "iter"),          # doctest: +SKIP
+        ...     item_handlers={"items": ocp.PyTreeCheckpointHandler(), "iter": LoaderCheckpointHandler()})
+        >>> mngr.save(step, args=ocp.args.Composite(items=ocp.args.PyTreeSave(params),  # doctest: +SKIP
+        ...                                         iter=LoaderSave(jl)))
+        >>> mngr.restore(step, args=ocp.args.Composite(items=..., iter=LoaderRestore(jl)))  # doctest: +SKIP
+    """
 
     def save(self, directory, item=None, args=None) -> None:
         item = item if item is not None else args.item
-        name = f"process_{jax.process_index()}-of-{jax.process_count()}.json"
-        (directory / name).write_text(item.get_state().decode())
+        state = item.get_state()
+        text = state.decode() if isinstance(state, bytes) else state if isinstance(state, str) else json.dumps(state)
+        (directory / f"process_{jax.process_index()}-of-{jax.process_count()}.json").write_text(text)
 
     def restore(self, directory, item=None, args=None):
         item = item if item is not None else args.item
@@ -160,7 +184,10 @@ class LoaderCheckpointHandler:
             raise ValueError(f"{directory}: no loader state files (process_*-of-*.json)")
         states = {json.dumps(_read_state(f), sort_keys=True) for f in files}
         if len(states) != 1:
-            raise ValueError(f"{directory}: the processes saved different loader states; refusing to guess")
+            raise ValueError(
+                f"{directory}: the {len(files)} processes saved different iterator states (a per-process "
+                "iterator, not a portable_loader one?); it can only be restored by as many processes"
+            )
         item.set_state(states.pop())
         return item
 

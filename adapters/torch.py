@@ -21,14 +21,16 @@ Example:
 
 from __future__ import annotations
 
+import functools
 import json
 from typing import Any
 
 import numpy as np
 import torch
 
-from portable_loader.loader import Closing, DataLoader
 from portable_loader.errors import StateError
+from portable_loader.lifecycle import Closing, close_at_exit
+from portable_loader.loader import DataLoader
 from portable_loader.workers import Producer
 
 __all__ = ["TorchLoader", "hf_fields"]
@@ -103,21 +105,12 @@ class TorchLoader(Closing):
         self._it = iter(self.loader)
         self._state = self._it.get_state()  # of the batches handed to the trainer
         self._worker: _AsyncCollator | None = None
+        # Holds no reference to self, so that the collator thread does not keep self alive either.
+        self._convert = functools.partial(_to_torch, device=self.device, pin_memory=self.pin_memory,
+                                          hf_labels=self.hf_labels)
+        close_at_exit(self)  # its thread and the loader's workers stop before torch's exit handlers
 
     # --- iteration ----------------------------------------------------------------------------
-
-    def _convert(self, batch: dict[str, np.ndarray], stream=None) -> dict[str, torch.Tensor]:
-        if self.hf_labels:
-            batch = hf_fields(batch)
-        out = {}
-        for k, v in batch.items():
-            t = torch.from_numpy(np.ascontiguousarray(v))
-            if self.pin_memory:
-                t = t.pin_memory()
-            if self.device.type != "cpu":
-                t = t.to(self.device, non_blocking=self.pin_memory)
-            out[k] = t
-        return out
 
     def __iter__(self) -> "TorchLoader":
         return self
@@ -128,7 +121,7 @@ class TorchLoader(Closing):
             self._state = self._it.get_state()
             return batch
         if self._worker is None:
-            self._worker = _AsyncCollator(self)
+            self._worker = _AsyncCollator(self._it, self._convert, self.device)
         batch, state = self._worker.next()
         self._state = state
         return batch
@@ -168,21 +161,39 @@ class TorchLoader(Closing):
         self._state = self._it.get_state()
 
 
-class _AsyncCollator:
-    """One background thread keeps the next batch ready (converted, pinned, copy issued)."""
+def _to_torch(batch: dict[str, np.ndarray], *, device: torch.device, pin_memory: bool,
+              hf_labels: bool) -> dict[str, torch.Tensor]:
+    if hf_labels:
+        batch = hf_fields(batch)
+    out = {}
+    for k, v in batch.items():
+        t = torch.from_numpy(np.ascontiguousarray(v))
+        if pin_memory:
+            t = t.pin_memory()
+        if device.type != "cpu":
+            t = t.to(device, non_blocking=pin_memory)
+        out[k] = t
+    return out
 
-    def __init__(self, owner: TorchLoader):
-        self.device = owner.device
-        self.stream = torch.cuda.Stream(device=owner.device) if owner.device.type == "cuda" else None
-        it = owner._it
+
+class _AsyncCollator:
+    """One background thread keeps the next batch ready (converted, pinned, copy issued).
+
+    It is given the iterator and the conversion, never the ``TorchLoader``: a thread holding the
+    loader would keep it alive, and a loader dropped without ``close()`` would never be collected.
+    """
+
+    def __init__(self, it, convert, device: torch.device):
+        self.device = device
+        self.stream = torch.cuda.Stream(device=device) if device.type == "cuda" else None
 
         def produce():
             raw = next(it)
             state = it.get_state()
             if self.stream is None:
-                return owner._convert(raw), None, state
+                return convert(raw), None, state
             with torch.cuda.stream(self.stream):
-                batch = owner._convert(raw)
+                batch = convert(raw)
                 event = torch.cuda.Event()
                 event.record(self.stream)
             return batch, event, state

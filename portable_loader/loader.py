@@ -30,6 +30,7 @@ import numpy as np
 
 from portable_loader.collate import OVERLONG, collate
 from portable_loader.dataset import source as as_dataset
+from portable_loader.lifecycle import Closing, close_at_exit
 from portable_loader.plan import Cursor, Planner
 from portable_loader.sampler import LCGSampler
 from portable_loader.state import STATE_VERSION, check_state, make_state
@@ -221,25 +222,6 @@ class DataLoader:
         return f"DataLoader({self.config}, shard {self.shard_index}/{self.shard_count}, workers={self.num_workers})"
 
 
-class Closing:
-    """``with`` support and a last-resort ``close()`` at garbage collection."""
-
-    def close(self) -> None:
-        raise NotImplementedError
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
-
-    def __del__(self):
-        try:
-            self.close()
-        except Exception:  # interpreter shutdown: modules may already be gone
-            pass
-
-
 class LoaderIterator(Closing, Iterator[dict]):
     """Yields this host's slice of each global batch; ``get_state``/``set_state`` resume exactly.
 
@@ -255,6 +237,7 @@ class LoaderIterator(Closing, Iterator[dict]):
         self._engine = None
         self._tokens = self._slots = 0
         self._overlong = dict.fromkeys(OVERLONG, 0)
+        close_at_exit(self)  # threads and workers stop before the frameworks' exit handlers run
 
     @property
     def stats(self) -> dict[str, float]:

@@ -1,0 +1,106 @@
+"""How loaders end: ``with`` blocks, ``close()``, garbage collection, and an exit hook for the rest.
+
+A training script with a step limit usually just ends without closing its loader. Left alone, its
+prefetch thread would still be building device arrays while JAX's own exit handler tears down the
+backend and the distributed client (the process aborts), and its worker processes would be left to
+``multiprocessing``'s exit handler. So every loader object that owns a thread or workers is
+registered here, through a weak reference (registration never keeps a loader alive), and one exit
+hook closes whatever is still open before the frameworks' hooks run.
+
+Example:
+    >>> class Thing(Closing):
+    ...     def __init__(self):
+    ...         self.closed = False
+    ...         close_at_exit(self)
+    ...     def close(self):
+    ...         self.closed = True
+    >>> with Thing() as t:
+    ...     pass
+    >>> t.closed
+    True
+"""
+
+from __future__ import annotations
+
+import atexit
+import itertools
+import threading
+import weakref
+
+__all__ = ["Closing", "close_at_exit", "close_all", "hook_last"]
+
+# Live closables and the order they were registered in: the exit hook closes the newest first, so an
+# adapter (registered after the iterator it creates) stops its thread before the iterator's workers.
+_live: "weakref.WeakKeyDictionary[object, int]" = weakref.WeakKeyDictionary()
+_order = itertools.count()
+_lock = threading.Lock()
+
+
+class Closing:
+    """``with`` support and a last-resort ``close()`` at garbage collection.
+
+    Example:
+        >>> class Res(Closing):
+        ...     def close(self):
+        ...         print("closed")
+        >>> with Res():
+        ...     pass
+        closed
+    """
+
+    def close(self) -> None:
+        raise NotImplementedError
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:  # interpreter shutdown: modules may already be gone
+            pass
+
+
+def close_at_exit(obj) -> None:
+    """Have ``obj.close()`` called at interpreter exit if ``obj`` is still alive then (weakly held).
+
+    Example:
+        >>> close_at_exit(it)   # doctest: +SKIP
+    """
+    with _lock:
+        _live[obj] = next(_order)
+    hook_last()
+
+
+def hook_last() -> None:
+    """(Re-)register the exit hook so that it is the last one registered, hence the first to run.
+
+    ``atexit`` runs hooks last-in first-out. JAX registers its own at import (``clean_up``: it clears
+    the backends and shuts down the distributed client) and when its backend starts; torch and
+    multiprocessing register theirs at import (``multiprocessing``'s terminates daemonic workers and
+    joins them with no timeout). Registering again whenever a loader is created or starts a thread
+    or workers keeps ours ahead of every hook installed before that moment, which includes the
+    frameworks a loader needs. ``threading._register_atexit`` would run even earlier, but it runs
+    before non-daemon threads are joined: a user thread still iterating a loader would see it closed
+    under its feet. Plain ``atexit`` runs after those threads have finished.
+    """
+    atexit.unregister(close_all)
+    atexit.register(close_all)
+
+
+def close_all() -> None:
+    """Close every registered object still alive, newest first; errors are ignored (we are exiting).
+
+    Example:
+        >>> close_all()   # what the exit hook does
+    """
+    with _lock:
+        live = sorted(_live.items(), key=lambda kv: -kv[1])
+    for obj, _ in live:
+        try:
+            obj.close()
+        except Exception:  # noqa: BLE001 - one loader failing to close must not keep the others open
+            pass

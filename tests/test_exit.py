@@ -1,0 +1,304 @@
+"""Every process ends promptly with its own exit code, whether or not it closed its loaders.
+
+Each case runs tests/exit_job.py as real subprocesses (one or two ranks of a jax.distributed or
+torch.distributed job on 127.0.0.1), several times where the failure was a race, and checks the exit
+code, the time from the last batch (or the signal) to the exit, and that no worker process and no
+/dev/shm entry outlives the job, including when the job is SIGKILLed.
+"""
+
+import os
+import select
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import psutil
+import pytest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+JOB = os.path.join(HERE, "exit_job.py")
+FAULTS = pytest.mark.faults  # the wider matrix (about a minute more): pytest -m faults
+EXIT_S = 15  # generous (loaded machine): the failures were an abort, or a hang that never ends
+ORPHAN_S = 5  # a worker whose parent died ends within this
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def shm() -> set:
+    return set(os.listdir("/dev/shm")) if os.path.isdir("/dev/shm") else set()
+
+
+def alive(procs) -> list:
+    out = []
+    for p in procs:
+        try:
+            if p.is_running() and p.status() != psutil.STATUS_ZOMBIE:
+                out.append(p)
+        except psutil.NoSuchProcess:
+            pass
+    return out
+
+
+def wait_gone(procs, seconds) -> list:
+    deadline = time.monotonic() + seconds
+    while alive(procs) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return alive(procs)
+
+
+def run_job(adapter, prefetch, workers, how, *, dist=None, signal_to_send=None, want=None):
+    """Start the job's ranks, wait for ``ready``, let them end (or signal them), check how they ended."""
+    shm_before = shm()
+    world = 2 if dist else 1
+    port = free_port()
+    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}  # the job sets its own devices
+    procs = [
+        subprocess.Popen([sys.executable, JOB, adapter, str(prefetch), str(workers), how,
+                          *([dist, str(r), str(world), str(port)] if dist else [])],
+                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+                         start_new_session=True)
+        for r in range(world)
+    ]
+    try:
+        deadline = time.monotonic() + 120
+        for p in procs:
+            ready, _, _ = select.select([p.stdout], [], [], max(0.0, deadline - time.monotonic()))
+            line = p.stdout.readline() if ready else ""
+            if line.strip() != "ready":
+                err = p.stderr.read()[-3000:] if p.poll() is not None else "(still running)"
+                pytest.fail(f"job did not get ready: {line!r}\n{err}")
+        kids = [k for p in procs for k in psutil.Process(p.pid).children(recursive=True)]
+        assert len(kids) >= workers * world, f"expected {workers} workers per rank, saw {kids}"
+        t0 = time.monotonic()
+        for p in procs:
+            if signal_to_send is not None:
+                p.send_signal(signal_to_send)
+            else:
+                p.stdin.write("go\n")
+                p.stdin.flush()
+        codes, errs = [], []
+        for p in procs:
+            try:
+                _, err = p.communicate(timeout=max(0.1, t0 + EXIT_S - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                pytest.fail(f"{adapter} p{prefetch} w{workers} {how} {dist}: not ended {EXIT_S} s after "
+                            f"{'the signal' if signal_to_send else 'its last batch'} (or its orphaned workers "
+                            "still hold its stdout and stderr open)")
+            codes.append(p.returncode)
+            errs.append(err)
+        seconds = time.monotonic() - t0
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                os.killpg(p.pid, signal.SIGKILL)
+                p.communicate()
+    assert codes == [want] * world, f"exit codes {codes}, expected {want}:\n" + "\n".join(e[-2000:] for e in errs)
+    assert seconds < EXIT_S
+    assert not any("terminate called" in e or "FATAL" in e for e in errs), errs
+    assert wait_gone(kids, ORPHAN_S) == [], "a worker process outlived the job"
+    assert_no_new_shm(shm_before)
+    return seconds
+
+
+def assert_no_new_shm(before) -> None:
+    left = shm() - before
+    deadline = time.monotonic() + 5
+    while left and time.monotonic() < deadline:  # other test runs on this machine come and go
+        time.sleep(0.2)
+        left &= shm()
+    assert not left, f"/dev/shm entries left behind: {sorted(left)}"
+
+
+# --- in this process: nothing keeps a dropped loader alive ------------------------------------------
+
+
+def loader_threads():
+    import threading
+
+    return [t for t in threading.enumerate() if t.name.startswith("portable_loader-")]
+
+
+@pytest.mark.parametrize("adapter", ["torch", "jax"])
+def test_a_dropped_adapter_is_collected_and_stops_its_thread_and_workers(adapter):
+    import gc
+    import weakref
+
+    import portable_loader as pl
+    from exit_job import source
+
+    before = loader_threads()
+    loader = pl.DataLoader(source(), global_batch_size=8, seq_len=32, num_workers=1)
+    if adapter == "torch":
+        obj = pytest.importorskip("portable_loader.adapters.torch").TorchLoader(loader)
+    else:
+        pytest.importorskip("jax")
+        obj = pytest.importorskip("portable_loader.adapters.jax").JaxLoader(loader)
+    next(obj)
+    workers = psutil.Process().children()
+    assert len(loader_threads()) > len(before) and workers
+    ref = weakref.ref(obj)
+    del obj  # neither its own thread nor the exit hook's registry may keep it alive
+    gc.collect()
+    assert ref() is None
+    assert wait_gone(workers, ORPHAN_S) == []
+    deadline = time.monotonic() + ORPHAN_S
+    while len(loader_threads()) > len(before) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert loader_threads() == before
+
+
+class Stubborn:
+    """A source whose reads, in a worker, ignore SIGTERM and never return (a worker stuck in C code)."""
+
+    def __init__(self, n):
+        from exit_job import source
+
+        self.data = source(n)
+
+    def __len__(self):
+        return len(self.data)
+
+    def __getitem__(self, i):
+        if os.getppid() != self.parent:
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)
+            time.sleep(600)
+        return self.data[i]
+
+
+def test_close_kills_a_worker_that_ignores_sigterm():
+    import portable_loader as pl
+    from portable_loader.workers import _WORKER_JOIN_S
+
+    src = Stubborn(32)
+    src.parent = os.getppid()  # of this process: in the worker, getppid() is this process instead
+    it = iter(pl.DataLoader(src, global_batch_size=4, seq_len=8, num_workers=1))
+    engine = it._start()  # forks the worker and hands it the first steps (next() would wait forever)
+    workers = psutil.Process().children()
+    assert len(workers) == 1
+    time.sleep(0.5)  # the worker is now inside a read, SIGTERM ignored
+    t0 = time.monotonic()
+    engine.close()
+    assert time.monotonic() - t0 < 3 * _WORKER_JOIN_S + 2
+    assert wait_gone(workers, 1) == []
+
+
+# --- a single process ---------------------------------------------------------------------------
+
+END = {"normal": 0, "exit3": 3, "raise": 1}
+
+
+@pytest.mark.parametrize("prefetch,workers", [(2, 2), pytest.param(2, 0, marks=FAULTS), pytest.param(0, 2, marks=FAULTS)])
+def test_jax_loader_left_open_exits_cleanly(prefetch, workers):
+    for _ in range(3):  # the abort was a race with JAX's exit handler
+        run_job("jax", prefetch, workers, "normal", want=0)
+
+
+@pytest.mark.parametrize("adapter,prefetch,workers,how", [
+    ("loader", 2, 2, "normal"), ("loader", 0, 2, "exit3"), ("loader", 2, 0, "raise"),
+    ("torch", 2, 2, "normal"), pytest.param("torch", 0, 2, "raise", marks=FAULTS),
+    pytest.param("torch-sync", 2, 2, "exit3", marks=FAULTS), ("jax", 0, 0, "exit3"), ("jax", 2, 2, "raise"),
+])
+def test_every_way_out_keeps_its_exit_code(adapter, prefetch, workers, how):
+    run_job(adapter, prefetch, workers, how, want=END[how])
+
+
+@pytest.mark.parametrize("adapter,prefetch,workers,sig", [
+    ("loader", 2, 2, signal.SIGINT), pytest.param("torch", 2, 2, signal.SIGINT, marks=FAULTS),
+    ("jax", 2, 2, signal.SIGINT), ("loader", 0, 2, signal.SIGTERM),
+    pytest.param("torch-sync", 2, 2, signal.SIGTERM, marks=FAULTS), ("jax", 2, 2, signal.SIGTERM),
+])
+def test_ctrl_c_and_a_schedulers_sigterm_end_the_job_and_its_workers(adapter, prefetch, workers, sig):
+    # Python ends an uncaught KeyboardInterrupt by killing itself with SIGINT; SIGTERM's default kills.
+    run_job(adapter, prefetch, workers, "loop", signal_to_send=sig, want=-sig)
+
+
+@pytest.mark.parametrize("adapter,prefetch,workers", [
+    ("loader", 0, 2),  # workers forked by the main thread: the kernel's parent-death signal
+    ("jax", 2, 2),  # forked by the prefetch thread: the workers' own watch on their parent
+    pytest.param("torch", 2, 2, marks=FAULTS),  # forked by the async collator's thread
+])
+def test_workers_end_by_themselves_when_the_parent_is_sigkilled(adapter, prefetch, workers):
+    seconds = run_job(adapter, prefetch, workers, "loop", signal_to_send=signal.SIGKILL, want=-signal.SIGKILL)
+    assert seconds < 2  # SIGKILL is immediate; the workers are given ORPHAN_S in run_job
+
+
+# --- two processes --------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("prefetch,workers", [(2, 2), pytest.param(0, 2, marks=FAULTS), pytest.param(2, 0, marks=FAULTS)])
+def test_two_process_jax_job_exits_without_closing(prefetch, workers):
+    for _ in range(2):
+        run_job("jax", prefetch, workers, "normal", dist="jax", want=0)
+
+
+@FAULTS
+def test_two_process_jax_job_exit_code_survives():
+    run_job("jax", 2, 2, "exit3", dist="jax", want=3)
+
+
+def test_two_process_jax_job_leaves_at_the_preemption_sync_point_after_sigterm():
+    # jax.distributed's preemption service keeps SIGTERM for itself (the process does not die); the
+    # loop leaves at the sync point, without closing its loader, and the workers go with it.
+    run_job("jax", 2, 2, "preempt", dist="jax", signal_to_send=signal.SIGTERM, want=0)
+
+
+@pytest.mark.parametrize("adapter,how", [
+    ("torch", "normal"), pytest.param("loader", "exit3", marks=FAULTS), pytest.param("torch-sync", "raise", marks=FAULTS),
+])
+def test_two_process_torch_job_exits_without_closing(adapter, how):
+    run_job(adapter, 2, 2, how, dist="torch", want=END[how])
+
+
+@FAULTS
+def test_two_process_torch_job_ends_on_sigterm():
+    run_job("torch", 2, 2, "loop", dist="torch", signal_to_send=signal.SIGTERM, want=-signal.SIGTERM)
+
+
+# --- elastic restore for MaxText-style CheckpointManagers ------------------------------------------
+
+
+@pytest.mark.parametrize("saved_by", ["grain", "elastic"])
+def test_maxtext_style_manager_restores_two_processes_into_one(tmp_path, saved_by):
+    """Saved by 2 processes (with Grain's handler, as MaxText does today, or ours), restored by 1 with
+    ours; the next batches equal the bare DataLoader's global stream. Grain's own handler cannot."""
+    jax = pytest.importorskip("jax")
+    ocp = pytest.importorskip("orbax.checkpoint")
+    import numpy as np
+
+    import portable_loader as pl
+    from conftest import run_ranks
+    from elastic_job import manager
+    from exit_job import source
+    from portable_loader.adapters.jax import JaxLoader
+
+    steps, ckpt = 3, str(tmp_path / "ckpt")
+    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+    run_ranks(os.path.join(HERE, "elastic_job.py"), 2, lambda r, port: [saved_by, ckpt, steps, r, 2, port], env=env)
+    saved = sorted(f for f in os.listdir(os.path.join(ckpt, str(steps), "iter")) if f.endswith(".json"))
+    assert saved == ["process_0-of-2.json", "process_1-of-2.json"]
+
+    def fresh():
+        return JaxLoader(pl.DataLoader(source(), global_batch_size=8, seq_len=32, packing=True, seed=1))
+
+    want = iter(pl.DataLoader(source(), global_batch_size=8, seq_len=32, packing=True, seed=1))
+    want = [next(want) for _ in range(steps + 4)][steps:]
+    params = {"w": np.zeros(4)}
+    mngr, _, restore = manager(ckpt, "elastic")
+    with fresh() as jl:
+        got = mngr.restore(steps, args=ocp.args.Composite(items=ocp.args.PyTreeRestore(params), iter=restore(jl)))
+        assert np.array_equal(got["items"]["w"], np.arange(4.0))
+        batches = [next(jl) for _ in range(4)]
+    mngr.close()
+    assert jax.process_count() == 1
+    for g, w in zip(batches, want):
+        assert g.keys() == w.keys() and all(np.array_equal(np.asarray(g[k]), w[k]) for k in w)
+    grain_mngr, _, grain_restore = manager(ckpt, "grain")
+    with fresh() as jl, pytest.raises(ValueError, match="process_0-of-1.json"):
+        grain_mngr.restore(steps, args=ocp.args.Composite(iter=grain_restore(jl)))
+    grain_mngr.close()
