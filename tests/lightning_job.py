@@ -8,6 +8,7 @@ and run as a script for the DDP case:
 import hashlib
 import json
 import os
+import random
 import sys
 
 import lightning as L
@@ -17,6 +18,7 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 import portable_loader as pl
 from portable_loader.adapters.lightning import ExactResume
 from portable_loader.adapters.torch import TorchLoader
+from portable_loader.precache import build_cache, sample_args
 
 VOCAB = 1024  # above the sample tokenizer's 911 ids
 
@@ -26,6 +28,18 @@ MODES = {
     "async": dict(loader=dict(packing=True, prefetch=2), torch=dict(async_collation=True)),
     "workers": dict(loader=dict(packing=True, num_workers=2), torch=dict(async_collation=True)),
 }
+
+
+def make_cache(folder: str) -> str:
+    """24 distinct text records of 8 to 60 words through the sample tokenizer: no two batches alike,
+    so a skipped or repeated batch always shows (the bundled chat sample repeats two templates)."""
+    rng = random.Random(0)
+    words = "alpha bravo charlie delta echo foxtrot golf hotel india juliet kilo lima mike november".split()
+    path = os.path.join(folder, "records.jsonl")
+    with open(path, "w") as f:
+        for i in range(24):
+            f.write(json.dumps({"text": f"record {i}: " + " ".join(rng.choices(words, k=rng.randint(8, 60)))}) + "\n")
+    return build_cache(path, tokenizer=sample_args()["tokenizer"], format="text", out=os.path.join(folder, "cache"))[0]
 
 
 def digest(batch: dict) -> str:
