@@ -86,8 +86,8 @@ def test_resume_from_mid_epoch_checkpoints_is_exact(cache, tmp_path, mode):
 
 
 def test_lightning_epoch_boundaries_lose_no_batch(cache, tmp_path):
-    # Lightning epochs of 5 micro-batches (accumulation 2: steps after batches 2, 4, 5): at each epoch's end
-    # Lightning drops the batch it fetched ahead; the loader serves it again in the next epoch.
+    # Lightning epochs of 5 micro-batches (accumulation 2: steps after batches 2, 4, 5), counted by Lightning
+    # as usual; checkpoints at an epoch's end and inside the next one.
     kw = dict(max_steps=7, every=1, limit_train_batches=5)
     full = fit(cache, tmp_path / "full", "async", **kw)
     assert full.seen == plain(cache, "async", 12)[0]  # no batch dropped at the ends
@@ -166,3 +166,47 @@ def test_ddp_on_cpu_every_rank_resumes_its_slice(cache, tmp_path):
         assert resumed[rank]["losses"] == full[rank]["losses"][4:]
         assert resumed[rank]["weights"] == full[rank]["weights"]
     assert full[0]["weights"] == full[1]["weights"]  # DDP kept the replicas equal
+
+
+# --- Hugging Face Accelerate: register_for_checkpointing + save_state/load_state, as its users write it.
+# No look-ahead there (the loop calls next itself, and prepare() leaves a TorchLoader alone), so the
+# loader's own state_dict() is the right one: this checks that rather than assuming it.
+
+
+def accelerate_run(cache, mode, out, *, resume=None, start=0, steps=6, accum=2):
+    from accelerate import Accelerator
+
+    acc = Accelerator(cpu=True, gradient_accumulation_steps=accum)
+    model = TinyLM()
+    opt = torch.optim.Adam(model.parameters(), lr=1e-2)
+    tl = TorchLoader(make_loader(cache, mode), **MODES[mode]["torch"])
+    model, opt, prepared = acc.prepare(model, opt, tl)
+    assert prepared is tl
+    acc.register_for_checkpointing(tl)
+    if resume:
+        acc.load_state(resume)
+    step = start
+    with tl:
+        for batch in tl:
+            with acc.accumulate(model):
+                acc.backward(model.training_step(batch, step))
+                opt.step()
+                opt.zero_grad()
+            if acc.sync_gradients:
+                step += 1
+                acc.save_state(str(out / f"step{step}"))
+                if step == steps:
+                    break
+    return acc.unwrap_model(model)
+
+
+@pytest.mark.parametrize("mode", ["serial", "async", "workers"])
+def test_accelerate_save_state_load_state_resumes_exactly(cache, tmp_path, mode):
+    pytest.importorskip("accelerate")
+    full = accelerate_run(cache, mode, tmp_path / "full")
+    assert full.seen == plain(cache, mode, 12)[0]
+    for step in (2, 4):  # mid loader epoch, and in the second loader epoch
+        resumed = accelerate_run(cache, mode, tmp_path / f"r{step}", resume=str(tmp_path / "full" / f"step{step}"), start=step)
+        assert resumed.seen == full.seen[2 * step:]
+        assert resumed.losses == full.losses[2 * step:]
+        assert weights(resumed) == weights(full)
