@@ -17,7 +17,7 @@ Example:
     >>> import lightning as L
     >>> from portable_loader.adapters.lightning import ExactResume
     >>> trainer = L.Trainer(max_steps=1000, callbacks=[ExactResume(),
-    ...                     L.pytorch.callbacks.ModelCheckpoint(every_n_train_steps=100, save_top_k=-1)])  # doctest: +SKIP
+    ...     L.pytorch.callbacks.ModelCheckpoint(every_n_train_steps=100, save_top_k=-1, save_last=True)])  # doctest: +SKIP
     >>> trainer.fit(model, train_dataloaders=TorchLoader(loader), ckpt_path="last")         # doctest: +SKIP
 """
 

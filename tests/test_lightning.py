@@ -4,6 +4,7 @@ worker loading, gradient accumulation, loader and Lightning epochs, DDP on CPU; 
 refused at fit start."""
 
 import glob
+import json
 import os
 import socket
 import subprocess
@@ -147,14 +148,13 @@ def test_ddp_on_cpu_every_rank_resumes_its_slice(cache, tmp_path):
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), PYTHONPATH=HERE)
+    path = os.pathsep.join(p for p in (HERE, os.environ.get("PYTHONPATH")) if p)
+    env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), PYTHONPATH=path)
     job = [sys.executable, os.path.join(HERE, "lightning_job.py"), cache, str(tmp_path / "ckpt")]
 
     def run(result, *ckpt):
         done = subprocess.run([*job, str(tmp_path / result), *ckpt], env=env, capture_output=True, text=True, timeout=240)
         assert done.returncode == 0, done.stderr[-3000:]
-        import json
-
         return [json.load(open(tmp_path / f"{result}-rank{r}.json")) for r in range(2)]
 
     full = run("full")
