@@ -131,11 +131,15 @@ def test_every_documented_wiring_is_tracked(cache, tmp_path, wiring):
 
 
 def test_plain_torchloader_is_refused_at_fit_start(cache, tmp_path):
-    model = TinyLM(cache, "serial")
-    t = trainer(str(tmp_path), max_steps=4, every=2, resume=False)
+    model = Module(cache, "serial")
+    tl = TorchLoader(make_loader(cache, "serial"), async_collation=False)
     with pytest.raises(RuntimeError, match=r"Trainer\(callbacks=\[portable_loader\.adapters\.lightning\.ExactResume\(\)"):
-        t.fit(model)
+        trainer(str(tmp_path), max_steps=4, every=2, resume=False).fit(model, train_dataloaders=tl)
     assert model.seen == [] and not glob.glob(str(tmp_path / "*.ckpt"))
+    # Once the line is added, the same loader trains from its first batch.
+    trainer(str(tmp_path), max_steps=2, every=2, accum=1).fit(model, train_dataloaders=tl)
+    assert model.seen == plain(cache, "serial", 2)[0]
+    tl.close()
     # A validation TorchLoader needs nothing: Lightning reads it start to end and never checkpoints it.
     with TorchLoader(make_loader(cache, "serial"), async_collation=False) as val:
         from lightning.pytorch.utilities.combined_loader import CombinedLoader
