@@ -169,8 +169,8 @@ def _wiring_error(loader: TorchLoader, caller) -> str | None:
     world = dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
     if world > 1 and loader.loader.shard_count != world and not loader.loader.shard_given:
         return (
-            f"this TorchLoader serves 1 of {loader.loader.shard_count} shards, but the run has {world} ranks: it "
-            "was created before torch.distributed was initialized. Create it inside train_dataloader() "
+            f"this TorchLoader serves the whole global batch, but the run has {world} ranks: it was created "
+            "before torch.distributed was initialized. Create it inside train_dataloader() "
             "(LightningModule or LightningDataModule), or pass shard_index/shard_count to the DataLoader"
         )
     return None

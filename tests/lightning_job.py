@@ -1,7 +1,7 @@
 """A tiny Lightning run on CPU that records what training_step received; shared by test_lightning.py
 and run as a script for the DDP case:
 
-    python lightning_job.py CACHE OUT_DIR RESULT_PREFIX [CKPT]
+    python lightning_job.py CACHE OUT_DIR RESULT_PREFIX [CKPT | early]
 
 (Lightning's DDP launcher starts rank 1 by running this same command again.)"""
 
@@ -99,6 +99,8 @@ def main(cache: str, out: str, result: str, ckpt: str | None = None) -> None:
     torch.use_deterministic_algorithms(True)
     model = TinyLM(cache, "async")
     t = trainer(out, max_steps=4, every=2, devices=2, strategy="ddp")
+    if ckpt == "early":  # mis-wired: a loader built before the process group exists serves the whole batch
+        t.fit(model, train_dataloaders=TorchLoader(make_loader(cache, "async", global_batch_size=8)))
     t.fit(model, ckpt_path=ckpt)
     with open(f"{result}-rank{t.global_rank}.json", "w") as f:
         json.dump({"seen": model.seen, "losses": model.losses, "weights": weights(model)}, f)
