@@ -86,7 +86,7 @@ def test_resume_from_mid_epoch_checkpoints_is_exact(cache, tmp_path, mode):
         assert resumed.handed <= len(resumed.seen) + 1  # O(1): no replay, one batch of Lightning's look-ahead
 
 
-def test_lightning_epoch_boundaries_lose_no_batch(cache, tmp_path):
+def test_lightning_epochs_cut_by_limit_train_batches_resume_exactly(cache, tmp_path):
     # Lightning epochs of 5 micro-batches (accumulation 2: steps after batches 2, 4, 5), counted by Lightning
     # as usual; checkpoints at an epoch's end and inside the next one.
     kw = dict(max_steps=7, every=1, limit_train_batches=5)
