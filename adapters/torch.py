@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import functools
 import json
+import sys
 from typing import Any
 
 import numpy as np
@@ -36,6 +37,7 @@ from portable_loader.workers import Producer
 __all__ = ["TorchLoader", "hf_fields"]
 
 IGNORE_INDEX = -100
+_LIGHTNING_ITERATORS = ("lightning.pytorch.utilities.combined_loader", "pytorch_lightning.utilities.combined_loader")
 
 
 def hf_fields(batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
@@ -113,6 +115,13 @@ class TorchLoader(Closing):
     # --- iteration ----------------------------------------------------------------------------
 
     def __iter__(self) -> "TorchLoader":
+        caller = sys._getframe(1)
+        if caller.f_globals.get("__name__") in _LIGHTNING_ITERATORS:
+            # A Lightning Trainer fetches ahead of training_step: adapters.lightning keeps state_dict() on
+            # the batch trained on, or refuses the run (it would resume a batch late).
+            from portable_loader.adapters.lightning import lightning_iter
+
+            lightning_iter(self, caller)
         return self
 
     def __next__(self) -> dict[str, torch.Tensor]:
