@@ -1,15 +1,18 @@
-"""Digests pinned to the values the code computed before the sha256-of-JSON helper existed: cache keys,
+"""Digests pinned to the values the code computed before the sha256-of-JSON helper (portable_loader.digests) existed: cache keys,
 manifest checksums, loader fingerprints and state digests of existing caches and states must not move."""
 
 import hashlib
 import json
 import os
 
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
 import portable_loader as pl
 from portable_loader import state
-from portable_loader.cache import _manifest_checksum
+from portable_loader.cache.manifest import _manifest_checksum, cache_key
+from portable_loader.digests import json_sha256
 from portable_loader.precache import build_cache, sample_args
-from portable_loader.tokenize import config_digest
 
 # Computed with the code of commit 6158644 (before the split), not by the helper under test.
 BODY = {
@@ -27,9 +30,9 @@ def test_manifest_checksum_pinned():
     assert _manifest_checksum({**BODY, "checksum": "other"}) == _manifest_checksum(BODY)
 
 
-def test_config_digest_pinned():
+def test_cache_key_pinned():
     parts = {"b": [1, 2, None], "a": "ünï", "c": {"z": 1, "y": True}}
-    assert config_digest(parts) == "157d2019ce343c346e48521e1483c35d260f3227fb25aed43bef48bc08300388"
+    assert cache_key(parts) == json_sha256(parts) == "157d2019ce343c346e48521e1483c35d260f3227fb25aed43bef48bc08300388"
 
 
 def test_state_digest_pinned():
@@ -52,3 +55,18 @@ def test_sample_cache_key_content_fingerprint_and_state_pinned(tmp_path):
     got = it.get_state()
     assert got["fingerprint"] == "e5816308cb585094ee3ea47a14986620"
     assert got["digest"] == "caa43ac6e5b4dfd9"
+
+
+_json = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=5), inner, max_size=4),
+    max_leaves=20,
+)
+
+
+@settings(max_examples=200, deadline=None)
+@given(_json, st.booleans())
+def test_json_sha256_matches_hashlib_on_the_canonical_dump(value, compact):
+    separators = (",", ":") if compact else (", ", ": ")
+    oracle = hashlib.sha256(json.dumps(value, sort_keys=True, separators=separators).encode()).hexdigest()
+    assert json_sha256(value, compact=compact) == oracle

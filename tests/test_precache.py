@@ -213,7 +213,7 @@ def test_edited_manifest_and_other_format_version_are_refused(small_cache):
     json.dump(manifest, open(mpath, "w"))
     with pytest.raises(CacheError, match="manifest.json: checksum mismatch"):
         pl.open_cache(small_cache)
-    from portable_loader.cache import _manifest_checksum
+    from portable_loader.cache.manifest import _manifest_checksum
 
     manifest["counts"]["rows_out"] -= 1
     manifest["format_version"] = 999
@@ -349,7 +349,7 @@ def test_empty_dataset_is_refused(tmp_path):
 
 def test_open_is_cheap_and_lazy(gsm_caches):
     # O(shards) structures, never O(rows): the segment index has one entry per written batch.
-    from portable_loader.cache import _BATCH_ROWS
+    from portable_loader.cache.writer import _BATCH_ROWS
 
     src = pl.open_cache(gsm_caches[3][0])
     assert len(src._seg_starts) <= len(src.manifest["shards"]) * (1 + len(src) // _BATCH_ROWS) + 1
@@ -369,7 +369,7 @@ def test_shards_of_many_record_batches_read_back_exactly(tmp_path, monkeypatch):
 
     from portable_loader import cache
 
-    monkeypatch.setattr(cache, "_BATCH_ROWS", 7)  # many small Arrow record batches per shard
+    monkeypatch.setattr(cache.writer, "_BATCH_ROWS", 7)  # many small Arrow record batches per shard
     rng = np.random.default_rng(0)
     written = []
     shards = []
