@@ -1,5 +1,6 @@
-"""Digests pinned to the values the code computed before the sha256-of-JSON helper (portable_loader.digests) existed: cache keys,
-manifest checksums, loader fingerprints and state digests of existing caches and states must not move."""
+"""Digests pinned to the values the code computed before the sha256-of-JSON helper
+(portable_loader.digests) existed: cache keys, manifest checksums, loader fingerprints and state digests
+of existing caches and states must not move."""
 
 import hashlib
 import json

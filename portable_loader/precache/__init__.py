@@ -30,7 +30,14 @@ import time
 from collections import Counter
 from importlib import resources
 
-from portable_loader.cache.manifest import BACKENDS, FORMAT_VERSION, cache_key, check_shards, read_manifest, write_manifest
+from portable_loader.cache.manifest import (
+    BACKENDS,
+    FORMAT_VERSION,
+    cache_key,
+    check_shards,
+    read_manifest,
+    write_manifest,
+)
 from portable_loader.cache.publish import clean_stale, publish, temp_dir
 from portable_loader.errors import CacheError, PortableLoaderError
 from portable_loader.inputs import open_input
