@@ -22,14 +22,13 @@ Example:
 
 from __future__ import annotations
 
-import hashlib
-import json
 from typing import Any, Iterator, Sequence
 
 import numpy as np
 
 from portable_loader.collate import OVERLONG, collate
 from portable_loader.dataset import source as as_dataset
+from portable_loader.digests import json_sha256
 from portable_loader.lifecycle import Closing, close_at_exit
 from portable_loader.plan import Cursor, Planner
 from portable_loader.sampler import LCGSampler
@@ -146,7 +145,7 @@ class DataLoader:
             "pad_id": self.pad_id,
             "overlong": self.overlong,
         }
-        self.fingerprint = hashlib.sha256(json.dumps(self.config, sort_keys=True).encode()).hexdigest()[:32]
+        self.fingerprint = json_sha256(self.config, compact=False)[:32]
 
     def with_shard(self, shard_index: int, shard_count: int) -> "DataLoader":
         """The same loader for host ``shard_index`` of ``shard_count`` (same stream, other rows).

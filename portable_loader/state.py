@@ -24,11 +24,11 @@ Example:
 
 from __future__ import annotations
 
-import hashlib
 import json
 import sys
 from typing import Any
 
+from portable_loader.digests import json_sha256
 from portable_loader.errors import StateError
 from portable_loader.plan import Cursor, Planner
 
@@ -42,7 +42,7 @@ _FIELDS = ("version", "fingerprint", "config", "step", "window", "row", "digest"
 
 def _digest(state: dict[str, Any]) -> str:
     body = {k: v for k, v in state.items() if k != "digest"}
-    return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()[:16]
+    return json_sha256(body, compact=False)[:16]
 
 
 def make_state(loader, cursor: Cursor) -> dict[str, Any]:

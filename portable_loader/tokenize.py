@@ -24,7 +24,6 @@ Example:
 
 from __future__ import annotations
 
-import hashlib
 import os
 from typing import Any, Callable, Sequence
 
@@ -501,10 +500,3 @@ def _find(seq: list, sub: list) -> int:
         if seq[i : i + len(sub)] == sub:
             return i
     raise TokenizerError("the tokenizer's post-processor alters the text's own tokens; unsupported")
-
-
-def config_digest(parts: dict) -> str:
-    """sha256 of a canonical JSON dump: the cache key's building block."""
-    import json
-
-    return hashlib.sha256(json.dumps(parts, sort_keys=True, separators=(",", ":")).encode()).hexdigest()

@@ -213,7 +213,7 @@ def test_edited_manifest_and_other_format_version_are_refused(small_cache):
     json.dump(manifest, open(mpath, "w"))
     with pytest.raises(CacheError, match="manifest.json: checksum mismatch"):
         pl.open_cache(small_cache)
-    from portable_loader.cache import _manifest_checksum
+    from portable_loader.cache.manifest import _manifest_checksum
 
     manifest["counts"]["rows_out"] -= 1
     manifest["format_version"] = 999
@@ -349,7 +349,7 @@ def test_empty_dataset_is_refused(tmp_path):
 
 def test_open_is_cheap_and_lazy(gsm_caches):
     # O(shards) structures, never O(rows): the segment index has one entry per written batch.
-    from portable_loader.cache import _BATCH_ROWS
+    from portable_loader.cache.writer import _BATCH_ROWS
 
     src = pl.open_cache(gsm_caches[3][0])
     assert len(src._seg_starts) <= len(src.manifest["shards"]) * (1 + len(src) // _BATCH_ROWS) + 1
@@ -369,7 +369,7 @@ def test_shards_of_many_record_batches_read_back_exactly(tmp_path, monkeypatch):
 
     from portable_loader import cache
 
-    monkeypatch.setattr(cache, "_BATCH_ROWS", 7)  # many small Arrow record batches per shard
+    monkeypatch.setattr(cache.writer, "_BATCH_ROWS", 7)  # many small Arrow record batches per shard
     rng = np.random.default_rng(0)
     written = []
     shards = []
@@ -393,3 +393,13 @@ def test_shards_of_many_record_batches_read_back_exactly(tmp_path, monkeypatch):
     assert datasets.load_from_disk(str(tmp_path))["input_ids"] == [w[0] for w in written]
     with pytest.raises(IndexError):
         src.__getitems__([len(written)])
+
+
+def test_the_first_bad_row_in_input_order_is_reported_whatever_worker_fails_first(tmp_path):
+    # Worker 1's range starts with a bad row and fails at once; worker 0's bad row is the last of
+    # its 300 rows. The error must name worker 0's row (the first in the file), not the quicker one.
+    p = tmp_path / "bad.jsonl"
+    rows = [json.dumps({"text": f"row {i} " + "word " * 40}) for i in range(300)]
+    p.write_text("\n".join(rows[:299] + ['{"text": 1}', '{"text": 2}'] + rows[:299]) + "\n")
+    with pytest.raises(BadRowError, match=r"bad.jsonl: line 300: "):
+        build_cache(str(p), tokenizer=need(GPT2), format="text", out=str(tmp_path / "c"), num_workers=2)

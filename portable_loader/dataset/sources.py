@@ -37,7 +37,7 @@ def source(obj) -> Dataset:
     """
     if isinstance(obj, Dataset):
         return obj
-    from portable_loader.cache import _CacheSource
+    from portable_loader.cache.readers import _CacheSource
 
     if isinstance(obj, _CacheSource):
         return Cache(obj)

@@ -22,7 +22,8 @@ import json
 import sys
 import time
 
-from portable_loader import cache as cache_mod
+from portable_loader.cache.manifest import BACKENDS
+from portable_loader.cache.readers import open_cache
 from portable_loader.errors import PortableLoaderError
 from portable_loader.precache import _fmt_dropped, build_cache, sample_args
 from portable_loader.precache.manage import cache_info, format_info, list_caches, remove_cache
@@ -106,7 +107,7 @@ def _build_parser() -> argparse.ArgumentParser:
                    help="what happens to a record longer than --max-length (both are counted)")
     p.add_argument("--num-workers", type=_int_at_least(0), metavar="N",
                    help="tokenizer processes (default: all cores); 0 or 1: tokenize in this process")
-    p.add_argument("--backend", choices=cache_mod.BACKENDS, default="arrow",
+    p.add_argument("--backend", choices=BACKENDS, default="arrow",
                    help="shard format: arrow (memory-mapped, datasets.load_from_disk) or array_record (Grain)")
     p.add_argument("--field", action="append", default=[], metavar="NAME=COLUMN",
                    help="read the format's field NAME from input column COLUMN; names: "
@@ -143,7 +144,7 @@ def _build(argv: list[str]) -> int:
             force=args.force, show_progress=sys.stderr.isatty(),
         )
         if args.verify:
-            cache_mod.open_cache(path, verify=True)
+            open_cache(path, verify=True)
     except PortableLoaderError as e:
         print(f"error: {e}", file=sys.stderr)
         return 1

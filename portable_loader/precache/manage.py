@@ -19,7 +19,9 @@ import uuid
 
 import numpy as np
 
-from portable_loader import cache as cache_mod
+from portable_loader.cache.manifest import MANIFEST, cache_names, check_shards, read_manifest
+from portable_loader.cache.publish import _HOST
+from portable_loader.cache.readers import open_cache
 from portable_loader.errors import CacheError
 from portable_loader.precache.lock import locked
 
@@ -42,7 +44,7 @@ def cache_info(path: str) -> dict:
         >>> info["rows"], info["tokens"], info["lengths"]["p50"]     # doctest: +SKIP
         (7473, 1718201, 221.0)
     """
-    src = cache_mod.open_cache(path)
+    src = open_cache(path)
     m = src.manifest
     lengths = src.lengths(np.arange(len(src)))
     counts = m["counts"]
@@ -118,13 +120,13 @@ def list_caches(out: str) -> list[dict]:
     if not os.path.isdir(out):
         raise CacheError(f"{out}: no such folder")
     found = []
-    for name in sorted(cache_mod.cache_names(out)):
+    for name in sorted(cache_names(out)):
         path = os.path.join(out, name)
         entry = {"name": name, "path": path, "format": name.split("-", 1)[0], "rows": None, "tokens": None,
                  "bytes": None, "created_unix": None, "error": None}
         try:
-            m = cache_mod.read_manifest(path)
-            cache_mod.check_shards(path, m)
+            m = read_manifest(path)
+            check_shards(path, m)
         except CacheError as e:
             entry["error"] = str(e)
         else:
@@ -147,14 +149,14 @@ def remove_cache(path: str) -> None:
     path = os.path.abspath(os.fspath(path))
     if not os.path.isdir(path):
         raise CacheError(f"{path}: no such cache directory")
-    if not os.path.isfile(os.path.join(path, cache_mod.MANIFEST)):
-        raise CacheError(f"{path}: not a portable_loader cache (no {cache_mod.MANIFEST}); nothing removed")
+    if not os.path.isfile(os.path.join(path, MANIFEST)):
+        raise CacheError(f"{path}: not a portable_loader cache (no {MANIFEST}); nothing removed")
     out, name = os.path.split(path)
     with locked(os.path.join(out, f".{name}.lock"), name):
         others = sorted(e for e in os.listdir(path) if not _CACHE_FILE.fullmatch(e))
         if others:
             shown = ", ".join(others[:5]) + (", ..." if len(others) > 5 else "")
             raise CacheError(f"{path}: holds files that precache did not write ({shown}); nothing removed")
-        trash = os.path.join(out, f".trash-{name}-{cache_mod._HOST}-{os.getpid()}-{uuid.uuid4().hex[:8]}")
+        trash = os.path.join(out, f".trash-{name}-{_HOST}-{os.getpid()}-{uuid.uuid4().hex[:8]}")
         os.rename(path, trash)
         shutil.rmtree(trash)

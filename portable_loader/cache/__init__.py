@@ -1,0 +1,29 @@
+"""Tokenized caches: the on-disk format that ``precache`` writes and ``open_cache`` reads.
+
+A cache is a directory ``<out>/<format>-<key>`` holding ``data-XXXXX-of-YYYYY.{arrow,array_record}``
+shards and ``manifest.json`` (format version, key, counts, per-shard sizes and sha256, and a checksum
+of the manifest itself). Each record is ``input_ids`` (int32) and ``loss_mask`` (uint8) of one length.
+
+One concept per module:
+
+- :mod:`~portable_loader.cache.manifest`: the key, and writing, reading and checking the manifest
+- :mod:`~portable_loader.cache.writer`: ``ShardWriter``, shard names, per-record content digests
+- :mod:`~portable_loader.cache.readers`: ``open_cache`` and the Arrow / ArrayRecord sources
+- :mod:`~portable_loader.cache.publish`: temp directories, stale cleanup, the atomic rename, ``pid_alive``
+
+Example:
+    >>> from portable_loader.cache import open_cache
+    >>> src = open_cache("cache/alpaca-0123abcd")       # doctest: +SKIP
+    >>> len(src), src[0]["input_ids"].dtype             # doctest: +SKIP
+    (999, dtype('int32'))
+"""
+
+from portable_loader.cache.manifest import FORMAT_VERSION, read_manifest, write_manifest
+from portable_loader.cache.publish import pid_alive
+from portable_loader.cache.readers import open_cache
+from portable_loader.cache.writer import ShardWriter, record_digest, shard_name
+
+__all__ = [
+    "FORMAT_VERSION", "ShardWriter", "open_cache", "pid_alive", "read_manifest", "record_digest", "shard_name",
+    "write_manifest",
+]

@@ -1,0 +1,85 @@
+"""Atomic publishing: shards go into a uniquely named temp directory beside the target, then one rename.
+
+Readers see either no cache or a complete one, also after ``kill -9``. Temp (``.tmp-*``) and trash
+(``.trash-*``) directories carry the host and pid of their run, so that a later run on the same host
+removes those whose process is gone.
+
+Example:
+    >>> tmp = temp_dir("cache", "chat-3d0e5cd442b8a16f68f7")             # doctest: +SKIP
+    >>> # ... write the shards and the manifest into tmp ...
+    >>> publish(tmp, "cache/chat-3d0e5cd442b8a16f68f7")                  # doctest: +SKIP
+    True
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import uuid
+
+_HOST = socket.gethostname().replace("-", "_")
+
+
+def fsync_path(path: str) -> None:
+    """fsync a file or a directory by path."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def temp_dir(out: str, name: str) -> str:
+    """A fresh, uniquely named directory beside the target: ``.tmp-<name>-<host>-<pid>-<uuid>``."""
+    path = os.path.join(out, f".tmp-{name}-{_HOST}-{os.getpid()}-{uuid.uuid4().hex[:8]}")
+    os.makedirs(path)
+    return path
+
+
+def pid_alive(pid: int) -> bool:
+    """Whether a process with this pid exists (zombies included); used for stale temp dirs and workers.
+
+    Example:
+        >>> pid_alive(os.getpid())
+        True
+    """
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def clean_stale(out: str, name: str) -> list[str]:
+    """Remove temp and trash directories that runs killed on this host left behind."""
+    removed = []
+    for entry in os.listdir(out):
+        for prefix in (f".tmp-{name}-{_HOST}-", f".trash-{name}-{_HOST}-"):
+            if entry.startswith(prefix):
+                pid = entry[len(prefix) :].split("-", 1)[0]
+                if pid.isdigit() and not pid_alive(int(pid)):
+                    shutil.rmtree(os.path.join(out, entry), ignore_errors=True)
+                    removed.append(entry)
+    return removed
+
+
+def publish(tmp: str, final: str, replace: bool = False) -> bool:
+    """Rename ``tmp`` to ``final`` atomically. False (and ``tmp`` removed) if another run won."""
+    fsync_path(tmp)
+    if replace and os.path.exists(final):
+        out, name = os.path.split(final)
+        trash = os.path.join(out, f".trash-{name}-{_HOST}-{os.getpid()}-{uuid.uuid4().hex[:8]}")
+        os.rename(final, trash)
+        shutil.rmtree(trash, ignore_errors=True)
+    try:
+        os.rename(tmp, final)
+    except OSError:
+        if not os.path.isdir(final):
+            raise
+        shutil.rmtree(tmp, ignore_errors=True)
+        return False
+    fsync_path(os.path.dirname(final) or ".")
+    return True

@@ -1,0 +1,61 @@
+"""The import graph: every core module imports first in a fresh interpreter (so no import cycle hides
+behind another module having been imported before it), and the core never imports torch, jax or ray."""
+
+import json
+import pkgutil
+import subprocess
+import sys
+
+import pytest
+
+import portable_loader
+
+HEAVY = ("torch", "jax", "ray")
+
+
+def _core_modules() -> list[str]:
+    names = ["portable_loader"]
+    for info in pkgutil.walk_packages(portable_loader.__path__, "portable_loader."):
+        # __main__ modules run programs when imported; adapters exist to import torch and jax.
+        if not info.name.endswith(".__main__") and not info.name.startswith("portable_loader.adapters"):
+            names.append(info.name)
+    return sorted(names)
+
+
+def _fresh_import(code: str) -> dict:
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def test_the_split_modules_are_found():
+    names = set(_core_modules())
+    for name in ("cache.manifest", "cache.writer", "cache.readers", "cache.publish",
+                 "precache.plan", "precache.engine", "digests"):
+        assert f"portable_loader.{name}" in names
+
+
+def test_each_module_imports_first_in_a_fresh_interpreter():
+    # One interpreter per module would take minutes on a loaded machine; a fresh interpreter that
+    # imports each module first, then drops every portable_loader module, checks the same thing.
+    code = (
+        "import importlib, json, sys\n"
+        f"names = {_core_modules()!r}\n"
+        "failed = {}\n"
+        "for name in names:\n"
+        "    for m in [m for m in sys.modules if m == 'portable_loader' or m.startswith('portable_loader.')]:\n"
+        "        del sys.modules[m]\n"
+        "    try:\n"
+        "        importlib.import_module(name)\n"
+        "    except Exception as e:\n"
+        "        failed[name] = f'{type(e).__name__}: {e}'\n"
+        f"heavy = sorted(m for m in {HEAVY!r} if m in sys.modules)\n"
+        "print(json.dumps([failed, heavy]))\n"
+    )
+    assert _fresh_import(code) == [{}, []]
+
+
+@pytest.mark.parametrize("module", ["portable_loader", "portable_loader.cache", "portable_loader.precache"])
+def test_core_does_not_import_torch_jax_or_ray(module):
+    code = f"import json, sys, {module}\nprint(json.dumps(sorted(m for m in {HEAVY!r} if m in sys.modules)))"
+    assert _fresh_import(code) == []
