@@ -397,9 +397,9 @@ def test_shards_of_many_record_batches_read_back_exactly(tmp_path, monkeypatch):
 
 def test_the_first_bad_row_in_input_order_is_reported_whatever_worker_fails_first(tmp_path):
     # Worker 1's range starts with a bad row and fails at once; worker 0's bad row is the last of
-    # its 300 rows. The error must name worker 0's row (the first in the file), not the quicker one.
+    # its 8,000 rows. The error must name worker 0's row (the first in the file), not the quicker one.
     p = tmp_path / "bad.jsonl"
-    rows = [json.dumps({"text": f"row {i} " + "word " * 40}) for i in range(300)]
-    p.write_text("\n".join(rows[:299] + ['{"text": 1}', '{"text": 2}'] + rows[:299]) + "\n")
-    with pytest.raises(BadRowError, match=r"bad.jsonl: line 300: "):
+    rows = [json.dumps({"text": f"row {i} " + "word " * 40}) for i in range(7999)]
+    p.write_text("\n".join(rows + ['{"text": 1}', '{"text": 2}'] + rows) + "\n")
+    with pytest.raises(BadRowError, match=r"bad.jsonl: line 8000: "):
         build_cache(str(p), tokenizer=need(GPT2), format="text", out=str(tmp_path / "c"), num_workers=2)
