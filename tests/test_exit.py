@@ -6,6 +6,7 @@ code, the time from the last batch (or the signal) to the exit, and that no work
 /dev/shm entry outlives the job, including when the job is SIGKILLed.
 """
 
+import itertools
 import os
 import select
 import signal
@@ -28,6 +29,9 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+_jobs = itertools.count()
 
 
 def shm() -> set:
@@ -58,6 +62,8 @@ def run_job(adapter, prefetch, workers, how, *, dist=None, signal_to_send=None, 
     world = 2 if dist else 1
     port = free_port()
     env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}  # the job sets its own devices
+    tag = f"plexit{os.getpid()}n{next(_jobs)}"
+    env["PL_TEST_SEMPREFIX"] = "/mp-" + tag  # the job's semaphores: /dev/shm/sem.mp-<tag>-...
     procs = [
         subprocess.Popen([sys.executable, JOB, adapter, str(prefetch), str(workers), how,
                           *([dist, str(r), str(world), str(port)] if dist else [])],
@@ -102,16 +108,25 @@ def run_job(adapter, prefetch, workers, how, *, dist=None, signal_to_send=None, 
     assert seconds < EXIT_S
     assert not any("terminate called" in e or "FATAL" in e for e in errs), errs
     assert wait_gone(kids, ORPHAN_S) == [], "a worker process outlived the job"
-    assert_no_new_shm(shm_before)
+    assert_no_new_shm(shm_before, tag)
     return seconds
 
 
-def assert_no_new_shm(before) -> None:
-    left = shm() - before
+def assert_no_new_shm(before, tag=None) -> None:
+    """No /dev/shm entry the job made is left. With ``tag``, the job's semaphores carry it, and
+    semaphores without it belong to other processes on this machine (other test runs)."""
+
+    def new():
+        out = shm() - before
+        if tag is not None:
+            out = {e for e in out if not e.startswith("sem.mp-") or e.startswith(f"sem.mp-{tag}")}
+        return out
+
+    left = new()
     deadline = time.monotonic() + 5
     while left and time.monotonic() < deadline:  # other test runs on this machine come and go
         time.sleep(0.2)
-        left &= shm()
+        left &= new()
     assert not left, f"/dev/shm entries left behind: {sorted(left)}"
 
 
