@@ -244,11 +244,16 @@ class DataLoader:
             if cur.step == len(marks) * _MARK_EVERY:
                 marks.append(cur)
         rows = planned[0]
-        wanted = np.array(sorted({p[0] for row in rows for p in row}), dtype=np.int64)
-        lengths = dict(zip(wanted.tolist(), _lengths(self.source, wanted).tolist()))
+        if not self.packing:  # a padded row holds a record's first seq_len tokens
+            lo = step * self.global_batch_size
+            hi = lo + self.global_batch_size if planner.total is None else min(lo + self.global_batch_size, planner.total)
+            recs = np.array([row[0][0] if row else 0 for row in rows[: hi - lo]], dtype=np.int64)  # 0: dropped
+            lengths = planner.lengths_at(lo, hi, recs).tolist()
+            rows = [[(i, s, min(e, n)) for i, s, e in row] for row, n in zip(rows, lengths)] + rows[hi - lo:]
+        flat = [i for row in rows for i, _, _ in row]
         locate = getattr(self.source, "locate", None)
-        names = dict(zip(wanted.tolist(), locate(wanted) if locate else [(None, i) for i in wanted.tolist()]))
-        return [[(*names[i], s, min(e, lengths[i])) for i, s, e in row] for row in rows]
+        names = iter(locate(flat) if locate else [(None, i) for i in flat])
+        return [[(*next(names), s, e) for _, s, e in row] for row in rows]
 
     def local_rows(self, rows: Sequence) -> Sequence:
         b = self.local_batch_size

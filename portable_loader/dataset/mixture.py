@@ -24,6 +24,7 @@ Example:
 
 from __future__ import annotations
 
+import bisect
 import copy
 import math
 import numbers
@@ -40,6 +41,7 @@ __all__ = ["DEFAULT_BLOCK", "Mix", "mix"]
 #: Block size when ``block=None``: raised to ``ceil(1 / smallest nonzero weight)`` where that is larger.
 DEFAULT_BLOCK = 256
 _LENGTH_SAMPLE = 4096  # records whose lengths estimate a mean length when no manifest has it
+_FEW = 64  # up to this many indices are grouped by source in plain Python
 
 
 def mix(sources: Mapping[str, object], weights, *, unit: str = "records", block: int | None = None) -> "Mix":
@@ -98,6 +100,7 @@ class Mix(Dataset):
         self.names, self.children, self.unit = tuple(names), tuple(children), unit
         self.block = None if block is None else int(block)
         self.offsets = np.concatenate([[0], np.cumsum([len(c) for c in children])]).astype(np.int64)
+        self._offset_list = self.offsets.tolist()
         self.mean_lengths = tuple(_mean_length(c, n) for n, c in zip(names, children)) if unit == "tokens" else None
         self.stages = self._stages(weights)
         self.cheap_lengths = all(c.cheap_lengths for c in children)
@@ -224,43 +227,66 @@ class Mix(Dataset):
     def __len__(self) -> int:
         return int(self.offsets[-1])
 
-    def _split(self, indices) -> tuple[np.ndarray, np.ndarray]:
-        idx = np.asarray(indices, dtype=np.int64).reshape(-1)
-        if idx.size and (idx.min() < 0 or idx.max() >= len(self)):
-            bad = idx[(idx < 0) | (idx >= len(self))][0]
-            raise IndexError(f"mixture index {int(bad)} is out of range [0, {len(self)})")
-        src = np.searchsorted(self.offsets, idx, side="right") - 1
-        return src, idx - self.offsets[src]
+    def _groups(self, indices) -> tuple[int, list]:
+        """(count, [(source, where in ``indices``, records of that source)]) for the sources present.
+
+        A batch's few indices are grouped in plain Python (a handful of numpy calls would cost
+        more than the lookups), a chunk's thousands with numpy.
+        """
+        if isinstance(indices, np.ndarray) and indices.size > _FEW:
+            idx = indices.astype(np.int64, copy=False).reshape(-1)
+            if idx.min() < 0 or idx.max() >= len(self):
+                raise IndexError(f"mixture index {int(idx[(idx < 0) | (idx >= len(self))][0])} is out of range [0, {len(self)})")
+            src = np.searchsorted(self.offsets, idx, side="right") - 1
+            order = np.argsort(src, kind="stable")
+            ends = np.cumsum(np.bincount(src, minlength=len(self.children))).tolist()
+            groups, lo = [], 0
+            for i, hi in enumerate(ends):
+                if hi > lo:
+                    groups.append((i, order[lo:hi], idx[order[lo:hi]] - self.offsets[i]))
+                lo = hi
+            return idx.size, groups
+        values = indices.tolist() if isinstance(indices, np.ndarray) else list(indices)
+        offsets, total, found = self._offset_list, self._offset_list[-1], {}
+        for j, x in enumerate(values):
+            if not 0 <= x < total:
+                raise IndexError(f"mixture index {x} is out of range [0, {total})")
+            i = bisect.bisect_right(offsets, x) - 1
+            group = found.get(i)
+            if group is None:
+                found[i] = group = ([], [])
+            group[0].append(j)
+            group[1].append(x - offsets[i])
+        return len(values), [(i, w, r) for i, (w, r) in sorted(found.items())]
 
     def __getitems__(self, indices) -> list:
-        src, rec = self._split(indices)
-        out: list = [None] * len(rec)
-        for i in np.unique(src).tolist():
-            where = np.flatnonzero(src == i)
-            for w, r in zip(where.tolist(), self.children[i].__getitems__(rec[where].tolist())):
+        n, groups = self._groups(indices)
+        if len(groups) == 1:
+            return list(self.children[groups[0][0]].__getitems__(groups[0][2]))
+        out: list = [None] * n
+        for i, where, rec in groups:
+            for w, r in zip(where, self.children[i].__getitems__(rec)):
                 out[w] = r
         return out
 
     def lengths(self, indices) -> np.ndarray:
-        src, rec = self._split(indices)
-        out = np.empty(rec.shape, dtype=np.int64)
-        for i in np.unique(src).tolist():
-            sel = src == i
-            out[sel] = self.children[i].lengths(rec[sel])
+        n, groups = self._groups(indices)
+        out = np.empty(n, dtype=np.int64)
+        for i, where, rec in groups:
+            out[where] = self.children[i].lengths(rec)
         return out
 
     def locate(self, indices) -> list[tuple[str, int]]:
         """(source path, record) of each mixture index; nested mixes name the path, e.g. ``"web/en"``."""
-        src, rec = self._split(indices)
-        out: list = [None] * len(rec)
-        for i in np.unique(src).tolist():
-            where = np.flatnonzero(src == i)
+        n, groups = self._groups(indices)
+        out: list = [None] * n
+        for i, where, rec in groups:
             child, name = self.children[i], self.names[i]
             if isinstance(child, Mix):
-                found = [(f"{name}/{p}", r) for p, r in child.locate(rec[where])]
+                found = [(f"{name}/{p}", r) for p, r in child.locate(rec)]
             else:
-                found = [(name, r) for r in rec[where].tolist()]
-            for w, f in zip(where.tolist(), found):
+                found = [(name, int(r)) for r in rec]
+            for w, f in zip(where, found):
                 out[w] = f
         return out
 
