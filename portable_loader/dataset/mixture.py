@@ -257,7 +257,7 @@ class Mix(Dataset):
                 found[i] = group = ([], [])
             group[0].append(j)
             group[1].append(x - offsets[i])
-        return len(values), [(i, w, r) for i, (w, r) in sorted(found.items())]
+        return len(values), [(i, w, np.array(r, dtype=np.int64)) for i, (w, r) in sorted(found.items())]
 
     def __getitems__(self, indices) -> list:
         n, groups = self._groups(indices)

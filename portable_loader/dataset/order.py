@@ -62,6 +62,18 @@ def name_key(seed: int, name: str) -> int:
     return _splitmix64(seed ^ h)
 
 
+def _runs(keys: np.ndarray) -> list[tuple[int, np.ndarray]]:
+    """(key, where it occurs) for each distinct key, in O(n) for sorted keys (stream positions
+    usually come in order), never one full pass per key."""
+    if keys.size and (keys[1:] >= keys[:-1]).all():
+        order = np.arange(keys.size)
+    else:
+        order = np.argsort(keys, kind="stable")
+    ordered = keys[order]
+    cuts = (np.flatnonzero(ordered[1:] != ordered[:-1]) + 1).tolist()
+    return [(int(ordered[a]), order[a:b]) for a, b in zip([0] + cuts, cuts + [keys.size]) if b > a]
+
+
 class Stage(NamedTuple):
     """One stage of a schedule: its first position, block size, record weights ``nums/den`` and the
     per-source counts drawn before it (``base``)."""
@@ -128,19 +140,18 @@ class MixOrder:
 
     def sources_at(self, positions: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """(source index, position in that source's own stream) for each mixture stream position."""
-        pos = np.asarray(positions, dtype=np.int64)
+        pos = np.asarray(positions, dtype=np.int64).reshape(-1)
         src, spos = np.empty_like(pos), np.empty_like(pos)
         stage_of = np.searchsorted(self._starts, pos, side="right") - 1
-        for k in np.unique(stage_of).tolist():
-            in_stage = np.flatnonzero(stage_of == k)
-            blk, slot = np.divmod(pos[in_stage] - self.stages[k].start, self.stages[k].block)
-            for b in np.unique(blk).tolist():
-                here = blk == b
-                sel = in_stage[here]
+        for k, in_stage in _runs(stage_of):
+            st = self.stages[k]
+            blk, slot = np.divmod(pos[in_stage] - st.start, st.block)
+            for b, here in _runs(blk):
                 first, n = self._block(k, b)
                 q = self._slots(k, b, slot[here])
                 ends = np.cumsum(n)
                 i = np.searchsorted(ends, q, side="right")
+                sel = in_stage[here]
                 src[sel] = i
                 spos[sel] = first[i] + q - (ends - n)[i]
         return src, spos
