@@ -148,7 +148,7 @@ class DataLoader:
             "overlong": self.overlong,
         }
         self.fingerprint = hashlib.sha256(json.dumps(self.config, sort_keys=True).encode()).hexdigest()[:32]
-        self._describer: tuple[Planner, list[Cursor]] | None = None
+        self._describer: list | None = None  # describe's own planner and packed cursors
 
     def with_shard(self, shard_index: int, shard_count: int) -> "DataLoader":
         """The same loader for host ``shard_index`` of ``shard_count`` (same stream, other rows).
@@ -231,9 +231,13 @@ class DataLoader:
             raise ValueError(f"step must be an integer >= 0, got {step!r}")
         step = int(step)
         if self._describer is None:
-            self._describer = (self.planner(), [Cursor(0, 0, 0)])
-        planner, marks = self._describer
-        cur = Cursor(step, 0, 0) if not self.packing else marks[min(step // _MARK_EVERY, len(marks) - 1)]
+            self._describer = [self.planner(), [Cursor(0, 0, 0)], Cursor(0, 0, 0)]
+        planner, marks, last = self._describer  # marks: every 256th packed step; last: the last described
+        cur = Cursor(step, 0, 0)
+        if self.packing:
+            cur = marks[min(step // _MARK_EVERY, len(marks) - 1)]
+            if cur.step < last.step <= step:
+                cur = last
         while True:
             planned = planner.step(cur)
             if planned is None:
@@ -243,6 +247,7 @@ class DataLoader:
             cur = planned[1]
             if cur.step == len(marks) * _MARK_EVERY:
                 marks.append(cur)
+        self._describer[2] = cur
         rows = planned[0]
         if not self.packing:  # a padded row holds a record's first seq_len tokens
             lo = step * self.global_batch_size

@@ -1,9 +1,9 @@
 """Benchmark and comparison: pl.mix against Grain's MapDataset.mix, Megatron-style blending and multinomial draws.
 
-    python scripts/bench_mix.py                 # three synthetic caches, 1000 batches per contender
+    python scripts/bench_mix.py                 # three synthetic caches, 400 batches per contender and round
     python scripts/bench_mix.py --steps 300 --positions 200000
 
-Speed (padded 8 x 2048 batches, one process, no workers, 5 interleaved rounds; ratios are medians of
+Speed (padded 8 x 2048 batches, one process, no workers, 15 interleaved rounds; ratios are medians of
 per-round ratios):
   (a) portable_loader over one cache, (b) pl.mix over three caches, (c) Grain's
   MapDataset.mix over MapDataset.source() of the same three caches (each shuffled and repeated),
@@ -34,6 +34,7 @@ import portable_loader as pl  # noqa: E402
 from portable_loader.cache import FORMAT_VERSION, ShardWriter, write_manifest  # noqa: E402
 
 B, S = 8, 2048
+ROUNDS = 15
 SIZES = {"web": 60_000, "code": 30_000, "math": 10_000}
 WEIGHTS = {"web": 0.55, "code": 0.3, "math": 0.15}
 
@@ -91,7 +92,7 @@ def speed(paths: dict, steps: int) -> dict:
         "(c) Grain MapDataset.mix, same three caches": lambda: grain_mix(caches),
     }
     rounds = {label: [] for label in contenders}
-    for _ in range(5):  # interleaved rounds: a loaded machine slows the contenders of one round alike
+    for _ in range(ROUNDS):  # interleaved rounds: a loaded machine slows the contenders of one round alike
         for label, make in contenders.items():
             rounds[label].append(timed(make(), steps))
     best = {label: max(v) for label, v in rounds.items()}
@@ -210,7 +211,11 @@ def methods(n: int, paths: dict) -> list[tuple]:
                  f"JSON state {state_bytes} B, first batch at step 10^6 after {resume_s * 1e3:.1f} ms",
                  "same stream for 0 and 2 workers: %s" % loader_worker_independence()))
     g = grain_stream(n)
-    rows.append(("Grain MapDataset.mix (inputs repeated)", drift(g, w), None, "none",
+    from grain._src.python.dataset.transformations.mix import _float_to_int_proportions
+
+    share = np.bincount(g, minlength=len(w)) / n
+    rows.append((f"Grain MapDataset.mix (inputs repeated; weights become {_float_to_int_proportions(w)}, "
+                 f"shares {np.round(share, 5).tolist()})", drift(g, w), None, "none",
                  "a new MapDataset (its length is set by the shortest input without .repeat())",
                  "random access by index (exact)", "fixed interleave pattern: order repeats with a short period"))
     t = time.perf_counter()
@@ -229,7 +234,7 @@ def methods(n: int, paths: dict) -> list[tuple]:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--steps", type=int, default=1000)
+    p.add_argument("--steps", type=int, default=400)
     p.add_argument("--positions", type=int, default=1_000_000)
     args = p.parse_args()
     print(f"machine: {machine()}; caches {SIZES} (64..3000 tokens per record); weights {WEIGHTS}; batches {B}x{S}")
@@ -238,7 +243,7 @@ def main() -> None:
         paths = {n: build_cache(os.path.join(work, n), k, seed) for seed, (n, k) in enumerate(SIZES.items())}
         res = speed(paths, args.steps)
         vs_one, vs_grain = res.pop("ratios")
-        print("\n| contender | batches/s, best of 5 rounds (describe: steps/s) |\n|---|---|")
+        print(f"\n| contender | batches/s, best of {ROUNDS} rounds (describe: steps/s) |\n|---|---|")
         for label, v in res.items():
             print(f"| {label} | {v:,.0f} |")
         print(f"\nmedian over rounds: pl.mix vs one source {vs_one:.2f}x (target >= 0.8); "
