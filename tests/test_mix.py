@@ -318,3 +318,52 @@ def test_describe_refuses_bad_steps():
         loader.describe(-1)
     with pytest.raises(IndexError, match="past the end"):
         loader.describe(loader.num_steps())
+
+
+# --- nesting, packing positions, no shuffle ------------------------------------------------------
+
+
+def test_nested_mix_holds_its_own_weights_inside_its_share():
+    inner = pl.mix({"x": recs(3, 3), "y": recs(11, 4)}, {"x": 1, "y": 2}, block=6)
+    outer = pl.mix({"a": recs(7, 1), "c": inner}, {"a": 1, "c": 3}, block=8)
+    order = outer.stream_order(5)
+    src, spos = order.sources_at(np.arange(8 * 60))
+    assert all(abs(np.count_nonzero(src[: 8 * b] == 1) - 6 * b) < 1 for b in range(1, 61))
+    # the inner mix's draws, in its own stream order, follow its weights at its block boundaries
+    mine = np.sort(spos[src == 1])
+    assert mine.tolist() == list(range(len(mine)))
+    names = [outer.locate([i])[0][0] for i in order.children[1].stream_indices(mine) + outer.offsets[1]]
+    for b in range(1, len(mine) // 6 + 1):
+        assert abs(names[: 6 * b].count("c/x") - 2 * b) < 1
+
+
+def test_nested_mix_in_token_units():
+    inner = pl.mix({"x": recs(30, 3, lengths=4), "y": recs(30, 4, lengths=12)}, {"x": 1, "y": 1})
+    m = pl.mix({"a": recs(20, 1, lengths=8), "c": inner}, {"a": 1, "c": 1}, unit="tokens")
+    assert m.mean_lengths == (8, 8)  # the inner mix draws 4- and 12-token records 1:1
+    staged = pl.mix({"x": recs(3, 3)}, [(0, {"x": 1}), (512, {"x": 2})])
+    with pytest.raises(ValueError, match="one stage"):
+        pl.mix({"a": recs(20, 1), "c": staged}, {"a": 1, "c": 1}, unit="tokens")
+
+
+def test_packed_state_counts_its_whole_window_as_used():
+    kw = dict(global_batch_size=4, seq_len=16, seed=2, packing=True, packing_window=16, prefetch=0)
+    ds = lambda sched: pl.mix({"a": recs(5, 1), "b": recs(30, 2)}, sched, block=8)  # noqa: E731
+    base = [(0, {"a": 1, "b": 1})]
+    it = iter(pl.DataLoader(ds(base), **kw))
+    while True:
+        next(it)
+        state = it.get_state()
+        if state["row"]:
+            break
+    end_of_window = (state["window"] + 1) * 16
+    with pytest.raises(StateError, match="schedule"):  # a stage inside the window already planned
+        batches(pl.DataLoader(ds(base + [(end_of_window - 8, {"b": 1})]), **kw), 1, state)
+    batches(pl.DataLoader(ds(base + [(end_of_window, {"b": 1})]), **kw), 1, state)
+
+
+def test_no_shuffle_serves_blocks_and_sources_in_order():
+    m = pl.mix({"a": recs(3, 1), "b": recs(5, 2)}, {"a": 1, "b": 1}, block=4)
+    got = m.locate(m.stream_order(0, shuffle=False).stream_indices(np.arange(12)))
+    assert got == [("a", 0), ("a", 1), ("b", 0), ("b", 1), ("a", 2), ("a", 0), ("b", 2), ("b", 3),
+                   ("a", 1), ("a", 2), ("b", 4), ("b", 0)]
