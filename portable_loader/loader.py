@@ -251,7 +251,8 @@ class DataLoader:
         rows = planned[0]
         if not self.packing:  # a padded row holds a record's first seq_len tokens
             lo = step * self.global_batch_size
-            hi = lo + self.global_batch_size if planner.total is None else min(lo + self.global_batch_size, planner.total)
+            hi = lo + self.global_batch_size
+            hi = hi if planner.total is None else min(hi, planner.total)
             recs = np.array([row[0][0] if row else 0 for row in rows[: hi - lo]], dtype=np.int64)  # 0: dropped
             lengths = planner.lengths_at(lo, hi, recs).tolist()
             rows = [[(i, s, min(e, n)) for i, s, e in row] for row, n in zip(rows, lengths)] + rows[hi - lo:]

@@ -146,6 +146,13 @@ def grain_stream(n: int) -> np.ndarray:
     return np.array([ds[i] for i in range(n)])
 
 
+def grain_length() -> int:
+    import grain
+
+    parts = [grain.MapDataset.source([i] * n) for i, n in enumerate(SIZES.values())]
+    return len(grain.MapDataset.mix(parts, list(WEIGHTS.values())))
+
+
 def megatron_indices(weights: list[float], n: int) -> tuple[np.ndarray, np.ndarray]:
     """Megatron-LM's BlendedDataset index build (helpers.cpp ``build_blending_indices``): sample i goes
     to the dataset with the largest error ``w_d * max(i, 1) - count_d``; O(n) arrays, built up front."""
@@ -214,10 +221,12 @@ def methods(n: int, paths: dict) -> list[tuple]:
     from grain._src.python.dataset.transformations.mix import _float_to_int_proportions
 
     share = np.bincount(g, minlength=len(w)) / n
+    period = sum(_float_to_int_proportions(w))
     rows.append((f"Grain MapDataset.mix (inputs repeated; weights become {_float_to_int_proportions(w)}, "
                  f"shares {np.round(share, 5).tolist()})", drift(g, w), None, "none",
-                 "a new MapDataset (its length is set by the shortest input without .repeat())",
-                 "random access by index (exact)", "fixed interleave pattern: order repeats with a short period"))
+                 f"a new MapDataset; without .repeat() it has {grain_length()} elements, from {sum(SIZES.values())} records",
+                 "random access by index (exact)",
+                 f"source pattern repeats every {period} records: {np.array_equal(g[:-period], g[period:])}"))
     t = time.perf_counter()
     ds_index, _ = megatron_indices(w, n)
     build = time.perf_counter() - t

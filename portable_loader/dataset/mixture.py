@@ -120,7 +120,9 @@ class Mix(Dataset):
         prev_start = None
         for k, item in enumerate(weights):
             if not isinstance(item, (tuple, list)) or len(item) != 2:
-                raise ValueError(f"mix(): schedule stage {k} must be a pair (start_record, {{name: weight}}), got {item!r}")
+                raise ValueError(
+                    f"mix(): schedule stage {k} must be a pair (start_record, {{name: weight}}), got {item!r}"
+                )
             start, w = item
             if isinstance(start, bool) or not isinstance(start, numbers.Integral) or start < 0:
                 raise ValueError(f"mix(): schedule stage {k} start must be an integer >= 0, got {start!r}")
@@ -153,7 +155,9 @@ class Mix(Dataset):
             raise ValueError(f"mix(): {where} must be a dict of name -> weight, got {type(w).__name__}")
         unknown = [n for n in w if n not in self.names]
         if unknown:
-            raise ValueError(f"mix(): {where} names {unknown[0]!r}, which is not a source (sources: {', '.join(self.names)})")
+            raise ValueError(
+                f"mix(): {where} names {unknown[0]!r}, which is not a source (sources: {', '.join(self.names)})"
+            )
         fracs = []
         for name in self.names:
             x = _fraction(w.get(name, 0), f"{where} weight of {name!r}")
@@ -236,7 +240,8 @@ class Mix(Dataset):
         if isinstance(indices, np.ndarray) and indices.size > _FEW:
             idx = indices.astype(np.int64, copy=False).reshape(-1)
             if idx.min() < 0 or idx.max() >= len(self):
-                raise IndexError(f"mixture index {int(idx[(idx < 0) | (idx >= len(self))][0])} is out of range [0, {len(self)})")
+                bad = int(idx[(idx < 0) | (idx >= len(self))][0])
+                raise IndexError(f"mixture index {bad} is out of range [0, {len(self)})")
             src = np.searchsorted(self.offsets, idx, side="right") - 1
             order = np.argsort(src, kind="stable")
             ends = np.cumsum(np.bincount(src, minlength=len(self.children))).tolist()
@@ -314,7 +319,8 @@ class Mix(Dataset):
         return ("mix", self.names, kids, self.unit, lengths)
 
     def __repr__(self) -> str:
-        return f"Mix({', '.join(self.names)}; records={len(self)}, stages={len(self.stages)}, fingerprint={self.fingerprint()})"
+        names = ", ".join(self.names)
+        return f"Mix({names}; records={len(self)}, stages={len(self.stages)}, fingerprint={self.fingerprint()})"
 
 
 def _fraction(x, what: str) -> Fraction:

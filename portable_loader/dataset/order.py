@@ -20,6 +20,7 @@ Example:
 from __future__ import annotations
 
 import hashlib
+import sys
 from typing import NamedTuple, Sequence
 
 import numpy as np
@@ -114,8 +115,6 @@ class MixOrder:
         self._blocks: dict[tuple[int, int], tuple[np.ndarray, np.ndarray]] = {}
 
     def __len__(self) -> int:
-        import sys
-
         return sys.maxsize if self.num_epochs is None else self.num_epochs * self.num_records
 
     def _block(self, k: int, b: int) -> tuple[np.ndarray, np.ndarray]:
