@@ -25,7 +25,7 @@ from typing import NamedTuple, Sequence
 
 import numpy as np
 
-from portable_loader.sampler import LCGSampler, PositionOutOfRange, _splitmix64
+from portable_loader.sampler import LCGSampler, PositionOutOfRange, _EpochPermutation, _splitmix64
 
 __all__ = ["MixOrder", "Stage", "hamilton", "name_key"]
 
@@ -112,30 +112,33 @@ class MixOrder:
         self.seed, self.shuffle, self.num_epochs = seed, shuffle, num_epochs
         self.num_records = int(self.offsets[-1])
         self._starts = np.array([s.start for s in self.stages], dtype=np.int64)
-        self._blocks: dict[tuple[int, int], tuple[np.ndarray, np.ndarray]] = {}
+        self._blocks: dict[tuple[int, int], list[int]] = {}
 
     def __len__(self) -> int:
         return sys.maxsize if self.num_epochs is None else self.num_epochs * self.num_records
 
-    def _block(self, k: int, b: int) -> tuple[np.ndarray, np.ndarray]:
-        """(source position of each source's first draw in block ``b`` of stage ``k``, its counts)."""
-        key = (k, b)
-        got = self._blocks.get(key)
+    def _counts(self, k: int, b: int) -> list[int]:
+        """Counts of stage ``k``'s first ``b`` blocks, kept for the next block (which starts there)."""
+        got = self._blocks.get((k, b))
         if got is None:
-            st = self.stages[k]
-            before, after = st.counts(b), st.counts(b + 1)
-            first = np.array([x + y for x, y in zip(st.base, before)], dtype=np.int64)
-            got = (first, np.array([y - x for x, y in zip(before, after)], dtype=np.int64))
+            got = self.stages[k].counts(b)
             if len(self._blocks) >= _CACHED_BLOCKS:
                 self._blocks.pop(next(iter(self._blocks)))
-            self._blocks[key] = got
+            self._blocks[(k, b)] = got
         return got
+
+    def _block(self, k: int, b: int) -> tuple[np.ndarray, np.ndarray]:
+        """(source position of each source's first draw in block ``b`` of stage ``k``, its counts)."""
+        before, after = self._counts(k, b), self._counts(k, b + 1)
+        first = np.array([x + y for x, y in zip(self.stages[k].base, before)], dtype=np.int64)
+        return first, np.array([y - x for x, y in zip(before, after)], dtype=np.int64)
 
     def _slots(self, k: int, b: int, slots: np.ndarray) -> np.ndarray:
         if not self.shuffle:
             return slots
         key = _splitmix64(self.seed ^ _splitmix64(_splitmix64(k ^ _BLOCK_SALT) ^ b))
-        return LCGSampler(self.stages[k].block, seed=key).record_indices(slots)
+        # LCGSampler(block, seed=key).record_indices(slots), without re-checking our own slots
+        return _EpochPermutation(self.stages[k].block, key, 0)(slots.view(np.uint64))
 
     def sources_at(self, positions: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """(source index, position in that source's own stream) for each mixture stream position."""
