@@ -367,3 +367,13 @@ def test_no_shuffle_serves_blocks_and_sources_in_order():
     got = m.locate(m.stream_order(0, shuffle=False).stream_indices(np.arange(12)))
     assert got == [("a", 0), ("a", 1), ("b", 0), ("b", 1), ("a", 2), ("a", 0), ("b", 2), ("b", 3),
                    ("a", 1), ("a", 2), ("b", 4), ("b", 0)]
+
+
+def test_describe_without_a_mixture_names_no_source():
+    data = recs(30, 5)
+    loader = pl.DataLoader(data, global_batch_size=4, seq_len=8, seed=3, prefetch=0)
+    got, _ = batches(loader, 3)
+    for step, batch in enumerate(got):
+        for r, [(name, rec, start, end)] in enumerate(loader.describe(step)):
+            assert name is None and start == 0 and end == min(8, len(data[rec]["input_ids"]))
+            assert (batch["input_ids"][r, :end] == 5000 + rec).all() and batch["segment_ids"][r, end:].sum() == 0
