@@ -31,10 +31,11 @@ from portable_loader.dataset import source as as_dataset
 from portable_loader.digests import json_sha256
 from portable_loader.lifecycle import Closing, close_at_exit
 from portable_loader.plan import Cursor, Planner
-from portable_loader.sampler import LCGSampler
 from portable_loader.state import STATE_VERSION, check_state, make_state
 
 __all__ = ["Closing", "DataLoader", "LoaderIterator", "InlineEngine", "STATE_VERSION", "build_batch"]
+
+_MARK_EVERY = 256  # describe() keeps the cursor of every 256th packed step
 
 
 def _source_identity(source) -> str:
@@ -132,7 +133,8 @@ class DataLoader:
         self.shard_index, self.shard_count = int(shard_index), int(shard_count)
         self.packing_window, self.pad_id = int(packing_window), int(pad_id)
         self.overlong = _overlong_policy(overlong, source, self.packing)
-        self.sampler = LCGSampler(len(source), seed=self.seed, shuffle=self.shuffle, num_epochs=num_epochs)
+        # A plain source is shuffled by the LCG sampler; a mixture brings its own keyed order.
+        self.sampler = source.stream_order(self.seed, shuffle=self.shuffle, num_epochs=num_epochs)
         self.config = {
             "source": _source_identity(source),
             "global_batch_size": self.global_batch_size,
@@ -146,6 +148,7 @@ class DataLoader:
             "overlong": self.overlong,
         }
         self.fingerprint = json_sha256(self.config, compact=False)[:32]
+        self._describer: list | None = None  # describe's own planner and packed cursors
 
     def with_shard(self, shard_index: int, shard_count: int) -> "DataLoader":
         """The same loader for host ``shard_index`` of ``shard_count`` (same stream, other rows).
@@ -187,7 +190,7 @@ class DataLoader:
         epochs = self.num_epochs if num_epochs is None else num_epochs
         if epochs is None:
             raise ValueError("num_steps needs num_epochs: this loader's stream is endless")
-        sampler = LCGSampler(len(self.source), seed=self.seed, shuffle=self.shuffle, num_epochs=epochs)
+        sampler = self.source.stream_order(self.seed, shuffle=self.shuffle, num_epochs=epochs)
         planner = Planner(
             sampler, len(self.source), global_batch_size=self.global_batch_size, seq_len=self.seq_len,
             packing=self.packing, window=self.packing_window, lengths=lambda idx: _lengths(self.source, idx),
@@ -209,6 +212,54 @@ class DataLoader:
         """
         cursor = check_state(state, self, self.planner())
         return make_state(self, cursor)
+
+    def describe(self, step: int) -> list[list[tuple]]:
+        """The records that make global step ``step``: per row, its pieces as ``(source, record, start, end)``.
+
+        ``source`` is the mixture's source name (``"web/en"`` for a nested mix; None when the loader
+        reads no mixture) and ``[start, end)`` the token offsets taken from that record. Computed
+        from the plan and the sources' lengths, never from tokens. Padding: O(1) per step. Packing:
+        a step's rows depend on how all earlier windows packed, so steps are planned forward from
+        the nearest step already described (sequential calls cost one plan each).
+
+        Example:
+            >>> loader = DataLoader(pl.mix({"a": a, "b": b}, {"a": 1, "b": 3}), global_batch_size=4, seq_len=8)  # doctest: +SKIP
+            >>> loader.describe(0)[0]                                                                       # doctest: +SKIP
+            [('b', 17, 0, 5)]
+        """
+        if isinstance(step, bool) or not isinstance(step, (int, np.integer)) or step < 0:
+            raise ValueError(f"step must be an integer >= 0, got {step!r}")
+        step = int(step)
+        if self._describer is None:
+            self._describer = [self.planner(), [Cursor(0, 0, 0)], Cursor(0, 0, 0)]
+        planner, marks, last = self._describer  # marks: every 256th packed step; last: the last described
+        cur = Cursor(step, 0, 0)
+        if self.packing:
+            cur = marks[min(step // _MARK_EVERY, len(marks) - 1)]
+            if cur.step < last.step <= step:
+                cur = last
+        while True:
+            planned = planner.step(cur)
+            if planned is None:
+                raise IndexError(f"step {step} is past the end of this loader's stream")
+            if cur.step == step:
+                break
+            cur = planned[1]
+            if cur.step == len(marks) * _MARK_EVERY:
+                marks.append(cur)
+        self._describer[2] = cur
+        rows = planned[0]
+        if not self.packing:  # a padded row holds a record's first seq_len tokens
+            lo = step * self.global_batch_size
+            hi = lo + self.global_batch_size
+            hi = hi if planner.total is None else min(hi, planner.total)
+            recs = np.array([row[0][0] if row else 0 for row in rows[: hi - lo]], dtype=np.int64)  # 0: dropped
+            lengths = planner.lengths_at(lo, hi, recs).tolist()
+            rows = [[(i, s, min(e, n)) for i, s, e in row] for row, n in zip(rows, lengths)] + rows[hi - lo:]
+        flat = [i for row in rows for i, _, _ in row]
+        locate = getattr(self.source, "locate", None)
+        names = iter(locate(flat) if locate else [(None, i) for i in flat])
+        return [[(*next(names), s, e) for _, s, e in row] for row in rows]
 
     def local_rows(self, rows: Sequence) -> Sequence:
         b = self.local_batch_size

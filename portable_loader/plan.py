@@ -77,6 +77,8 @@ class Planner:
         self._lengths = lengths
         self._windows: dict[int, tuple[list[list[Piece]], int] | None] = {}
         self._chunk: tuple[int, np.ndarray] | None = None
+        self._chunk_lengths: tuple[int, np.ndarray] | None = None
+        self._last_chunk: int | None = None
         # step -> {policy: records it touched}; ordered so that trimming is one atomic popitem while
         # a consumer thread pops its steps.
         self.counts: OrderedDict[int, dict[str, int]] = OrderedDict()
@@ -85,8 +87,18 @@ class Planner:
         """Record indices at global stream positions ``[lo, hi)``.
 
         Looked up a chunk of ``_CHUNK`` positions at a time: one vectorized sampler call costs about
-        as much for 4096 positions as for 8, and consecutive steps read consecutive positions.
+        as much for 4096 positions as for 8, and consecutive steps read consecutive positions. A
+        jump (a resume, ``describe`` at random steps) looks up only the positions asked for; the
+        next step in the same chunk then fills the chunk.
         """
+        chunk = lo // _CHUNK
+        cached = self._chunk is not None and self._chunk[0] == chunk and hi <= (chunk + 1) * _CHUNK
+        jump = self._last_chunk is None or not 0 <= chunk - self._last_chunk <= 1
+        self._last_chunk = chunk
+        if cached:
+            return self._chunk[1][lo - chunk * _CHUNK : hi - chunk * _CHUNK]
+        if jump and hi - lo <= _CHUNK // 8:
+            return self.sampler.stream_indices(np.arange(lo, hi, dtype=np.int64))
         parts = []
         while lo < hi:
             chunk = lo // _CHUNK
@@ -98,6 +110,22 @@ class Planner:
             parts.append(self._chunk[1][lo - chunk * _CHUNK : end - chunk * _CHUNK])
             lo = end
         return parts[0] if len(parts) == 1 else np.concatenate(parts)
+
+    def lengths_at(self, lo: int, hi: int, recs: np.ndarray) -> np.ndarray:
+        """Lengths of ``recs``, the records at positions ``[lo, hi)`` (from :meth:`records`).
+
+        Cheap lengths of a chunk already looked up come in one call for the whole chunk: one call
+        per 4096 positions costs less than one per step, most of all for a mixture, whose every call
+        reaches each of its sources.
+        """
+        chunk = lo // _CHUNK
+        whole = self._chunk is not None and self._chunk[0] == chunk and hi <= (chunk + 1) * _CHUNK
+        if not (self.cheap_lengths and whole):
+            return self._lengths(recs)
+        if self._chunk_lengths is None or self._chunk_lengths[0] != chunk:
+            self._chunk_lengths = (chunk, self._lengths(self._chunk[1]))
+        first = chunk * _CHUNK
+        return self._chunk_lengths[1][lo - first : hi - first]
 
     @property
     def num_windows(self) -> int | None:
@@ -154,7 +182,7 @@ class Planner:
             recs = self.records(lo, hi)
             touched = None  # not counted: reading lengths here would fetch each record twice
             if self._lengths is not None and (self.overlong == "drop" or self.cheap_lengths):
-                over = self._lengths(recs) > self.seq_len
+                over = self.lengths_at(lo, hi, recs) > self.seq_len
                 touched = int(np.count_nonzero(over))
                 if self.overlong == "drop":
                     recs = np.where(over, -1, recs)

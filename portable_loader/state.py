@@ -7,6 +7,11 @@ A state is a JSON object with exactly these fields:
 * ``step``, ``window``, ``row``: the stream position. Padding uses ``step``; packing uses ``window``
   and ``row`` and counts steps in ``step`` (the trainer's step, which a packed stream cannot derive
   from the position in O(1)).
+* ``schedule`` (a mixture only): short digests of the weight-schedule stages that began before the
+  stream position (``Mix.schedule_digests``). They must match on resume; stages that begin at or after
+  the position may differ, so a run can be re-weighted from where it stands. The field is optional
+  and the version stays 2: states of loaders over plain datasets are unchanged, and a reader that
+  predates mixtures refuses a state that has it ("not a loader state field").
 * ``digest``: a hash over all the other fields, so that a state whose fields were edited apart (for
   instance a packed ``step`` that no longer matches its position) is refused instead of reported.
 
@@ -38,6 +43,7 @@ __all__ = ["STATE_VERSION", "make_state", "parse_state", "check_state"]
 # over-long policy joined the config, and the digest field was added.
 STATE_VERSION = 2
 _FIELDS = ("version", "fingerprint", "config", "step", "window", "row", "digest")
+_MIX_FIELD = "schedule"
 
 
 def _digest(state: dict[str, Any]) -> str:
@@ -59,8 +65,21 @@ def make_state(loader, cursor: Cursor) -> dict[str, Any]:
         "window": int(cursor.window),
         "row": int(cursor.row),
     }
+    digests = getattr(loader.source, "schedule_digests", None)
+    if digests is not None:
+        state[_MIX_FIELD] = digests(_used(loader, cursor))
     state["digest"] = _digest(state)
     return state
+
+
+def _used(loader, cursor: Cursor) -> int:
+    """Stream positions whose records the batches up to ``cursor`` were planned from.
+
+    A packed window is planned whole, so a window partly served counts in full.
+    """
+    if not loader.packing:
+        return cursor.step * loader.global_batch_size
+    return (cursor.window + (1 if cursor.row else 0)) * loader.packing_window
 
 
 def parse_state(raw) -> dict[str, Any]:
@@ -110,7 +129,10 @@ def check_state(raw, loader, planner: Planner) -> Cursor:
     missing = [k for k in _FIELDS if k not in state]
     if missing:
         raise StateError(missing[0], "is missing")
-    extra = sorted(set(state) - set(_FIELDS), key=str)
+    mixture = getattr(loader.source, "schedule_digests", None) is not None
+    if mixture and _MIX_FIELD not in state:
+        raise StateError(_MIX_FIELD, "is missing (this loader reads a mixture; the state was not saved from one)")
+    extra = sorted(set(state) - set(_FIELDS) - ({_MIX_FIELD} if mixture else set()), key=str)
     if extra:
         raise StateError(extra[0], "is not a loader state field: refused")
     for name in ("fingerprint", "digest"):
@@ -129,6 +151,13 @@ def check_state(raw, loader, planner: Planner) -> Cursor:
             "fingerprint",
             "belongs to another source or config: refused (" + ("; ".join(diff) or "the source differs") + ")",
         )
+    if mixture:
+        saved = state[_MIX_FIELD]
+        if not isinstance(saved, list) or not all(isinstance(d, str) for d in saved):
+            raise StateError(_MIX_FIELD, f"must be a list of strings, got {saved!r}")
+        why = loader.source.schedule_change(saved, _used(loader, Cursor(step, window, row)))
+        if why:
+            raise StateError(_MIX_FIELD, f"{why}: refused")
     if not planner.packing:
         for name, value in (("window", window), ("row", row)):
             if value:

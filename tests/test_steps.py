@@ -1,6 +1,5 @@
 """num_steps / steps_per_epoch: the number of batches a finite stream yields, for a Trainer's max_steps."""
 
-import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st

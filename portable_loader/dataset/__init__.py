@@ -1,7 +1,8 @@
 """Stateless random-access datasets: the one thing the loader consumes.
 
 ``source(obj)`` wraps a cache, a Grain ``MapDataset``, a ``datasets.Dataset`` or a sequence of
-records; ``.map(fn)`` transforms records lazily; ``fingerprint()`` names the whole tree.
+records; ``.map(fn)`` transforms records lazily; ``mix({name: ds}, weights)`` mixes datasets by exact weights;
+``fingerprint()`` names the whole tree.
 
 Example:
     >>> import numpy as np
@@ -12,7 +13,8 @@ Example:
 """
 
 from portable_loader.dataset.base import Dataset
+from portable_loader.dataset.mixture import Mix, mix
 from portable_loader.dataset.sources import source
 from portable_loader.dataset.transforms import Map
 
-__all__ = ["Dataset", "Map", "source"]
+__all__ = ["Dataset", "Map", "Mix", "mix", "source"]

@@ -89,6 +89,21 @@ class Dataset:
             object.__setattr__(self, "_fingerprint", digest(type(self).__qualname__, *self._identity()))
         return self._fingerprint
 
+    def stream_order(self, seed: int, *, shuffle: bool = True, num_epochs: int | None = None):
+        """The order the loader serves this dataset in: stream position -> index, keyed by ``seed``.
+
+        A plain dataset is shuffled by the LCG sampler, a fresh permutation per epoch; a mixture
+        (:mod:`portable_loader.dataset.mixture`) brings its own order, which the loader must not shuffle.
+
+        Example:
+            >>> from portable_loader.dataset import source
+            >>> sorted(source([{"input_ids": [1]}] * 4).stream_order(0).stream_indices(range(4)).tolist())
+            [0, 1, 2, 3]
+        """
+        from portable_loader.sampler import LCGSampler
+
+        return LCGSampler(len(self), seed=seed, shuffle=shuffle, num_epochs=num_epochs)
+
     def reopen(self) -> "Dataset":
         """This dataset with its own file handles (what a forked worker needs); ``self`` if it has none."""
         return self

@@ -1,0 +1,362 @@
+"""``mix(sources, weights)``: a weighted mixture of datasets that holds its weights exactly.
+
+The mixture is a dataset whose index space is its sources concatenated (``ds[offset_i + r]`` is
+record ``r`` of source ``i``), and which brings its own stream order (``stream_order``): the loader
+serves it instead of shuffling on top, since a shuffle would undo the per-block counts. The
+arithmetic is in :mod:`portable_loader.dataset.order`; docs/mixing.md states the guarantees.
+
+Weights are exact rationals: ints and ``Fraction``\\ s as they are, floats by their shortest decimal
+(``0.1`` is 1/10), so the counts never depend on float rounding. A source left out of a stage's
+weights has weight 0 in that stage.
+
+Example:
+    >>> import numpy as np
+    >>> from portable_loader.dataset import source
+    >>> a = source([{"input_ids": np.arange(2)}] * 3)
+    >>> b = source([{"input_ids": np.arange(5)}] * 10)
+    >>> m = mix({"a": a, "b": b}, {"a": 1, "b": 3})
+    >>> len(m), m.lengths([0, 3]).tolist(), m.locate([0, 3])
+    (13, [2, 5], [('a', 0), ('b', 0)])
+    >>> src, _ = m.stream_order(0).sources_at(np.arange(256))
+    >>> np.bincount(src).tolist()
+    [64, 192]
+"""
+
+from __future__ import annotations
+
+import bisect
+import copy
+import math
+import numbers
+from fractions import Fraction
+from typing import Mapping, Sequence
+
+import numpy as np
+
+from portable_loader.dataset.base import Dataset, digest
+from portable_loader.dataset.order import MixOrder, Stage, name_key
+
+__all__ = ["DEFAULT_BLOCK", "Mix", "mix"]
+
+#: Block size when ``block=None``: raised to ``ceil(1 / smallest nonzero weight)`` where that is larger.
+DEFAULT_BLOCK = 256
+_LENGTH_SAMPLE = 4096  # records whose lengths estimate a mean length when no manifest has it
+_FEW = 64  # up to this many indices are grouped by source in plain Python
+
+
+def mix(sources: Mapping[str, object], weights, *, unit: str = "records", block: int | None = None) -> "Mix":
+    """A weighted mixture of ``sources`` (name -> dataset, cache, sequence or another mix).
+
+    ``weights``: ``{name: weight}``, or a schedule ``[(start, {name: weight}), ...]`` whose first stage
+    starts at record 0 and whose stages take effect at the first block boundary at or after their
+    ``start`` (a position in the mixed stream, counted in records). ``unit="tokens"`` reads the weights
+    as token shares (each source's record weight is its token weight over its mean record length).
+    ``block``: the records per block, at whose boundaries every source's count is within one record
+    of its share; default ``max(256, ceil(1 / smallest nonzero weight))``.
+
+    Example:
+        >>> import numpy as np
+        >>> web = [{"input_ids": np.arange(3)}] * 50
+        >>> m = mix({"web": web, "code": web[:5]}, [(0, {"web": 1}), (100, {"web": 1, "code": 1})], block=10)
+        >>> [s.start for s in m.stages], [s.block for s in m.stages]
+        ([0, 100], [10, 10])
+    """
+    return Mix(sources, weights, unit=unit, block=block)
+
+
+class Mix(Dataset):
+    """A mixture built by :func:`mix`: sources concatenated, a schedule of exact record weights.
+
+    ``stages`` are the effective stages; ``describe``-style lookups go through ``locate``. Its
+    fingerprint covers the sources, their names and the unit (and mean lengths for ``unit="tokens"``)
+    but not the schedule: a loader state carries the digests of the stages it has used, so a
+    schedule may gain stages after the saved position (see :meth:`schedule_digests`).
+
+    Example:
+        >>> import numpy as np
+        >>> m = Mix({"x": [{"input_ids": np.arange(4)}], "y": [{"input_ids": np.arange(1)}] * 2}, {"x": 1, "y": 1})
+        >>> m[2]["input_ids"].tolist(), m.stages[0].block
+        ([0], 256)
+    """
+
+    def __init__(self, sources, weights, *, unit: str = "records", block: int | None = None):
+        from portable_loader.dataset.sources import source
+
+        if not isinstance(sources, Mapping) or not sources:
+            raise ValueError(f"mix() takes a non-empty dict of name -> source, got {type(sources).__name__}")
+        if unit not in ("records", "tokens"):
+            raise ValueError(f"mix(unit=...) must be 'records' or 'tokens', got {unit!r}")
+        if block is not None and (isinstance(block, bool) or not isinstance(block, numbers.Integral) or block < 1):
+            raise ValueError(f"mix(block=...) must be None or an integer >= 1, got {block!r}")
+        names, children = [], []
+        for name, obj in sources.items():
+            if not isinstance(name, str) or not name or "/" in name:
+                raise ValueError(f"mix(): source names must be non-empty strings without '/', got {name!r}")
+            ds = source(obj)
+            if len(ds) < 1:
+                raise ValueError(f"mix(): source {name!r} is empty")
+            names.append(name)
+            children.append(ds)
+        self.names, self.children, self.unit = tuple(names), tuple(children), unit
+        self.block = None if block is None else int(block)
+        self.offsets = np.concatenate([[0], np.cumsum([len(c) for c in children])]).astype(np.int64)
+        self._offset_list = self.offsets.tolist()
+        self.mean_lengths = tuple(_mean_length(c, n) for n, c in zip(names, children)) if unit == "tokens" else None
+        self.stages = self._stages(weights)
+        self.cheap_lengths = all(c.cheap_lengths for c in children)
+
+    # --- the schedule ---------------------------------------------------------------------------
+
+    def _stages(self, weights) -> tuple[Stage, ...]:
+        if isinstance(weights, Mapping):
+            weights = [(0, weights)]
+        if not isinstance(weights, Sequence) or isinstance(weights, (str, bytes)) or not weights:
+            raise ValueError(
+                "mix(weights=...) takes {name: weight} or a non-empty list of (start_record, {name: weight}), "
+                f"got {type(weights).__name__}"
+            )
+        stages: list[Stage] = []
+        base = (0,) * len(self.names)
+        prev_start = None
+        for k, item in enumerate(weights):
+            if not isinstance(item, (tuple, list)) or len(item) != 2:
+                raise ValueError(
+                    f"mix(): schedule stage {k} must be a pair (start_record, {{name: weight}}), got {item!r}"
+                )
+            start, w = item
+            if isinstance(start, bool) or not isinstance(start, numbers.Integral) or start < 0:
+                raise ValueError(f"mix(): schedule stage {k} start must be an integer >= 0, got {start!r}")
+            start = int(start)
+            if k == 0 and start != 0:
+                raise ValueError(f"mix(): the first schedule stage must start at record 0, got {start}")
+            if prev_start is not None and start <= prev_start:
+                raise ValueError(
+                    f"mix(): schedule stages out of order: stage {k} starts at record {start}, "
+                    f"not after stage {k - 1} (record {prev_start})"
+                )
+            prev_start = start
+            nums, den = self._record_weights(w, f"stage {k}" if len(weights) > 1 else "weights")
+            if stages:  # the stage takes effect at the previous stage's next block boundary
+                last = stages[-1]
+                blocks = -(-(start - last.start) // last.block)
+                if blocks <= 0:
+                    raise ValueError(
+                        f"mix(): schedule stage {k} starts at record {start}, not after stage {k - 1}, which "
+                        f"takes effect at record {last.start} (its start rounded up to a block of {last.block})"
+                    )
+                base = tuple(x + y for x, y in zip(last.base, last.counts(blocks)))
+                start = last.start + blocks * last.block
+            stages.append(Stage(start, self._block_for(nums, den, k), nums, den, base))
+        return tuple(stages)
+
+    def _record_weights(self, w, where: str) -> tuple[tuple[int, ...], int]:
+        """Exact record weights as integer numerators over a common denominator."""
+        if not isinstance(w, Mapping):
+            raise ValueError(f"mix(): {where} must be a dict of name -> weight, got {type(w).__name__}")
+        unknown = [n for n in w if n not in self.names]
+        if unknown:
+            raise ValueError(
+                f"mix(): {where} names {unknown[0]!r}, which is not a source (sources: {', '.join(self.names)})"
+            )
+        fracs = []
+        for name in self.names:
+            x = _fraction(w.get(name, 0), f"{where} weight of {name!r}")
+            if self.mean_lengths is not None:
+                x = x / self.mean_lengths[self.names.index(name)]
+            fracs.append(x)
+        total = sum(fracs)
+        if total == 0:
+            raise ValueError(f"mix(): {where} has all weights zero: at least one source needs a positive weight")
+        fracs = [x / total for x in fracs]
+        den = math.lcm(*(x.denominator for x in fracs))
+        return tuple(int(x * den) for x in fracs), den
+
+    def _block_for(self, nums: tuple[int, ...], den: int, k: int) -> int:
+        # K * w_i >= 1 for every drawn source keeps each source's cumulative count from going backwards
+        # (largest-remainder rounding is otherwise not monotone: the Alabama paradox).
+        smallest = min(a for a in nums if a)
+        need = -(-den // smallest)
+        if self.block is None:
+            return max(DEFAULT_BLOCK, need)
+        if self.block < need:
+            i = nums.index(smallest)
+            raise ValueError(
+                f"mix(block={self.block}) is too small for stage {k}: source {self.names[i]!r} has record weight "
+                f"{Fraction(smallest, den)}, so the block must be >= {need} (every source with a nonzero weight "
+                "needs a record per block, or its count could go backwards)"
+            )
+        return self.block
+
+    def _stage_digest(self, st: Stage) -> str:
+        return digest("stage", st.start, st.block, self.names, st.nums, st.den)[:8]
+
+    def schedule_digests(self, position: int | None = None) -> list[str]:
+        """Short digests of the stages that shaped the stream before ``position`` (all when None).
+
+        A loader state stores them: those stages must match on resume, later ones may differ.
+
+        Example:
+            >>> import numpy as np
+            >>> m = mix({"a": [{"input_ids": np.arange(1)}]}, [(0, {"a": 1}), (512, {"a": 2})])
+            >>> len(m.schedule_digests(0)), len(m.schedule_digests(512)), len(m.schedule_digests(513))
+            (0, 1, 2)
+        """
+        return [self._stage_digest(st) for st in self.stages if position is None or st.start < position]
+
+    def schedule_change(self, saved: list, position: int) -> str | None:
+        """Why a state whose stages had ``saved`` digests cannot resume at ``position``; None if it can."""
+        mine = self.schedule_digests(position)
+        for k, (a, b) in enumerate(zip(saved, mine)):
+            if a != b:
+                st = self.stages[k]
+                return (f"schedule stage {k} differs from the one the state was saved with (now: start {st.start}, "
+                        f"block {st.block}, weights {self._weights_text(st)}); stages before the saved position "
+                        f"{position} must stay as they were")
+        if len(saved) != len(mine):
+            return (f"the state was saved at position {position} after {len(saved)} schedule stage(s) had begun; "
+                    f"this schedule has {len(mine)} stage(s) starting before it: stages before the saved position "
+                    "must stay as they were (appending stages after it is fine)")
+        return None
+
+    def _weights_text(self, st: Stage) -> str:
+        return "{" + ", ".join(f"{n!r}: {Fraction(a, st.den)}" for n, a in zip(self.names, st.nums)) + "}"
+
+    # --- the dataset protocol -------------------------------------------------------------------
+
+    @property
+    def format(self) -> str | None:
+        formats = {c.format for c in self.children}
+        return formats.pop() if len(formats) == 1 else None
+
+    def __len__(self) -> int:
+        return int(self.offsets[-1])
+
+    def _groups(self, indices) -> tuple[int, list]:
+        """(count, [(source, where in ``indices``, records of that source)]) for the sources present.
+
+        A batch's few indices are grouped in plain Python (a handful of numpy calls would cost
+        more than the lookups), a chunk's thousands with numpy.
+        """
+        if isinstance(indices, np.ndarray) and indices.size > _FEW:
+            idx = indices.astype(np.int64, copy=False).reshape(-1)
+            if idx.min() < 0 or idx.max() >= len(self):
+                bad = int(idx[(idx < 0) | (idx >= len(self))][0])
+                raise IndexError(f"mixture index {bad} is out of range [0, {len(self)})")
+            src = np.searchsorted(self.offsets, idx, side="right") - 1
+            order = np.argsort(src, kind="stable")
+            ends = np.cumsum(np.bincount(src, minlength=len(self.children))).tolist()
+            groups, lo = [], 0
+            for i, hi in enumerate(ends):
+                if hi > lo:
+                    groups.append((i, order[lo:hi], idx[order[lo:hi]] - self.offsets[i]))
+                lo = hi
+            return idx.size, groups
+        values = indices.tolist() if isinstance(indices, np.ndarray) else list(indices)
+        offsets, total, found = self._offset_list, self._offset_list[-1], {}
+        for j, x in enumerate(values):
+            if not 0 <= x < total:
+                raise IndexError(f"mixture index {x} is out of range [0, {total})")
+            i = bisect.bisect_right(offsets, x) - 1
+            group = found.get(i)
+            if group is None:
+                found[i] = group = ([], [])
+            group[0].append(j)
+            group[1].append(x - offsets[i])
+        return len(values), [(i, w, np.array(r, dtype=np.int64)) for i, (w, r) in sorted(found.items())]
+
+    def __getitems__(self, indices) -> list:
+        n, groups = self._groups(indices)
+        if len(groups) == 1:
+            return list(self.children[groups[0][0]].__getitems__(groups[0][2]))
+        out: list = [None] * n
+        for i, where, rec in groups:
+            for w, r in zip(where, self.children[i].__getitems__(rec)):
+                out[w] = r
+        return out
+
+    def lengths(self, indices) -> np.ndarray:
+        n, groups = self._groups(indices)
+        out = np.empty(n, dtype=np.int64)
+        for i, where, rec in groups:
+            out[where] = self.children[i].lengths(rec)
+        return out
+
+    def locate(self, indices) -> list[tuple[str, int]]:
+        """(source path, record) of each mixture index; nested mixes name the path, e.g. ``"web/en"``."""
+        n, groups = self._groups(indices)
+        out: list = [None] * n
+        for i, where, rec in groups:
+            child, name = self.children[i], self.names[i]
+            if isinstance(child, Mix):
+                found = [(f"{name}/{p}", r) for p, r in child.locate(rec)]
+            else:
+                found = [(name, int(r)) for r in rec]
+            for w, f in zip(where, found):
+                out[w] = f
+        return out
+
+    def stream_order(self, seed: int, *, shuffle: bool = True, num_epochs: int | None = None) -> MixOrder:
+        """The mixture's stream, keyed by ``seed``; each source gets its own key from ``seed`` and its name."""
+        kids = [c.stream_order(name_key(seed, n), shuffle=shuffle) for n, c in zip(self.names, self.children)]
+        return MixOrder(self.stages, kids, self.offsets, seed=seed, shuffle=shuffle, num_epochs=num_epochs)
+
+    def reopen(self) -> "Mix":
+        clone = copy.copy(self)
+        clone.children = tuple(c.reopen() for c in self.children)
+        return clone
+
+    def mean_length(self) -> Fraction:
+        """Mean record length of the stream (a one-stage mixture only: a schedule has one per stage)."""
+        if len(self.stages) != 1:
+            raise ValueError("unit='tokens' over a nested mixture needs that mixture to have one stage of weights")
+        st = self.stages[0]
+        return sum((Fraction(a, st.den) * _mean_length(c, n) for a, n, c in zip(st.nums, self.names, self.children)),
+                   Fraction(0))
+
+    def _identity(self) -> tuple:
+        kids = tuple((c.fingerprint(), c.schedule_digests() if isinstance(c, Mix) else None) for c in self.children)
+        lengths = None if self.mean_lengths is None else tuple(str(m) for m in self.mean_lengths)
+        return ("mix", self.names, kids, self.unit, lengths)
+
+    def __repr__(self) -> str:
+        names = ", ".join(self.names)
+        return f"Mix({names}; records={len(self)}, stages={len(self.stages)}, fingerprint={self.fingerprint()})"
+
+
+def _fraction(x, what: str) -> Fraction:
+    if isinstance(x, bool) or not isinstance(x, numbers.Real):
+        raise ValueError(f"mix(): {what} must be a number, got {x!r}")
+    if isinstance(x, numbers.Integral):
+        f = Fraction(int(x))
+    elif isinstance(x, Fraction):
+        f = x
+    else:
+        x = float(x)
+        if not math.isfinite(x):
+            raise ValueError(f"mix(): {what} must be finite, got {x!r}")
+        f = Fraction(repr(x))  # the shortest decimal that reads back as x: 0.1 is 1/10
+    if f < 0:
+        raise ValueError(f"mix(): {what} must be >= 0, got {x!r}")
+    return f
+
+
+def _mean_length(ds: Dataset, name: str) -> Fraction:
+    """Mean record length: a cache's manifest counts, a nested mix's weights, else lengths of a fixed sample."""
+    from portable_loader.dataset.sources import Cache
+    from portable_loader.dataset.transforms import Map
+
+    while isinstance(ds, Map) and ds.keeps_lengths:
+        ds = ds.parent
+    if isinstance(ds, Mix):
+        mean = ds.mean_length()
+    elif isinstance(ds, Cache) and (ds.cache.manifest.get("counts") or {}).get("tokens", 0) > 0 and \
+            ds.cache.manifest["counts"].get("rows_out") == len(ds):
+        mean = Fraction(int(ds.cache.manifest["counts"]["tokens"]), len(ds))
+    else:
+        n = len(ds)
+        pos = np.arange(n) if n <= _LENGTH_SAMPLE else np.linspace(0, n - 1, _LENGTH_SAMPLE).round().astype(np.int64)
+        mean = Fraction(int(np.asarray(ds.lengths(pos), dtype=np.int64).sum()), len(pos))
+    if mean <= 0:
+        raise ValueError(f"mix(unit='tokens'): source {name!r} has records of mean length 0")
+    return mean
+

@@ -1,0 +1,173 @@
+"""The record order of a mixture: blocks, largest-remainder counts, staged weights; O(#sources) per block.
+
+A stage covers the mixed stream from its ``start`` (a position in records) until the next stage's.
+Its stream is cut into blocks of ``block`` records. With record weights ``w_i = nums[i] / den``,
+``c_i(b)``, the count of source ``i`` in the first ``b`` blocks of the stage, is the largest-remainder
+(Hamilton) rounding of ``w_i * b * block``: each source gets ``floor`` and the largest remainders
+(ties: the lower source index) get one more, so ``|c_i(b) - w_i b K| < 1`` and ``sum_i c_i(b) = bK``.
+Counts carry over from stage to stage (``base``). Block ``b`` holds ``c_i(b+1) - c_i(b)`` records of
+source ``i`` in a keyed permutation of its slots; slot -> (source ``i``, its ``j``-th draw in the
+block) -> source position ``base_i + c_i(b) + j`` -> that source's own keyed order. Everything is
+Python integers until the per-position numpy work, so no float rounding can differ between machines.
+
+Example:
+    >>> hamilton((46, 39, 10, 20, 7, 47), 169, 2 * 6)   # 6 blocks of K = 2
+    [3, 3, 1, 1, 1, 3]
+    >>> hamilton((46, 39, 10, 20, 7, 47), 169, 2 * 7)   # source 4 went from 1 to 0: the Alabama paradox
+    [4, 3, 1, 2, 0, 4]
+"""
+
+from __future__ import annotations
+
+import hashlib
+import sys
+from typing import NamedTuple, Sequence
+
+import numpy as np
+
+from portable_loader.sampler import PositionOutOfRange, _EpochPermutation, _splitmix64
+
+__all__ = ["MixOrder", "Stage", "hamilton", "name_key"]
+
+_BLOCK_SALT = 0xB10C_0F_5EED
+_CACHED_BLOCKS = 64
+
+
+def hamilton(nums: Sequence[int], den: int, total: int) -> list[int]:
+    """Largest-remainder rounding of ``nums[i] * total / den`` (``sum(nums) == den``): sums to ``total``.
+
+    Example:
+        >>> hamilton((1, 1, 1), 3, 4)
+        [2, 1, 1]
+    """
+    floors, rems = [], []
+    for a in nums:
+        q, r = divmod(a * total, den)
+        floors.append(q)
+        rems.append(r)
+    extra = total - sum(floors)
+    if extra:
+        for i in sorted(range(len(nums)), key=lambda i: (-rems[i], i))[:extra]:
+            floors[i] += 1
+    return floors
+
+
+def name_key(seed: int, name: str) -> int:
+    """The seed of source ``name`` inside a mixture keyed by ``seed`` (stable across processes).
+
+    Example:
+        >>> name_key(0, "web") == name_key(0, "web") != name_key(0, "code")
+        True
+    """
+    h = int.from_bytes(hashlib.blake2b(name.encode(), digest_size=8).digest(), "little")
+    return _splitmix64(seed ^ h)
+
+
+def _runs(keys: np.ndarray) -> list[tuple[int, np.ndarray]]:
+    """(key, where it occurs) for each distinct key, in O(n) for sorted keys (stream positions
+    usually come in order), never one full pass per key."""
+    if keys.size and (keys[1:] >= keys[:-1]).all():
+        order = np.arange(keys.size)
+    else:
+        order = np.argsort(keys, kind="stable")
+    ordered = keys[order]
+    cuts = (np.flatnonzero(ordered[1:] != ordered[:-1]) + 1).tolist()
+    return [(int(ordered[a]), order[a:b]) for a, b in zip([0] + cuts, cuts + [keys.size]) if b > a]
+
+
+class Stage(NamedTuple):
+    """One stage of a schedule: its first position, block size, record weights ``nums/den`` and the
+    per-source counts drawn before it (``base``)."""
+
+    start: int
+    block: int
+    nums: tuple[int, ...]
+    den: int
+    base: tuple[int, ...]
+
+    def counts(self, blocks: int) -> list[int]:
+        """Per-source counts after ``blocks`` whole blocks of this stage (the stage's own draws)."""
+        return hamilton(self.nums, self.den, blocks * self.block)
+
+
+class MixOrder:
+    """Stream position -> index into the mixture (its sources concatenated), keyed by ``seed``.
+
+    It offers what the planner asks of a sampler: ``stream_indices``, ``num_epochs``, ``shuffle``,
+    ``seed``. ``children`` are the sources' own orders (an ``LCGSampler`` or a nested ``MixOrder``),
+    ``offsets`` where each source starts in the concatenation.
+
+    Example:
+        >>> from portable_loader.sampler import LCGSampler
+        >>> st = (Stage(0, 4, (1, 3), 4, (0, 0)),)
+        >>> kids = [LCGSampler(2, seed=1), LCGSampler(3, seed=2)]
+        >>> o = MixOrder(st, kids, np.array([0, 2, 5]), seed=0)
+        >>> src, _ = o.sources_at(np.arange(8))
+        >>> np.bincount(src).tolist()
+        [2, 6]
+    """
+
+    def __init__(self, stages: Sequence[Stage], children: Sequence, offsets: np.ndarray, *, seed: int,
+                 shuffle: bool = True, num_epochs: int | None = None):
+        self.stages, self.children, self.offsets = tuple(stages), list(children), np.asarray(offsets, np.int64)
+        self.seed, self.shuffle, self.num_epochs = seed, shuffle, num_epochs
+        self.num_records = int(self.offsets[-1])
+        self._starts = np.array([s.start for s in self.stages], dtype=np.int64)
+        self._blocks: dict[tuple[int, int], list[int]] = {}
+
+    def __len__(self) -> int:
+        return sys.maxsize if self.num_epochs is None else self.num_epochs * self.num_records
+
+    def _counts(self, k: int, b: int) -> list[int]:
+        """Counts of stage ``k``'s first ``b`` blocks, kept for the next block (which starts there)."""
+        got = self._blocks.get((k, b))
+        if got is None:
+            got = self.stages[k].counts(b)
+            if len(self._blocks) >= _CACHED_BLOCKS:
+                self._blocks.pop(next(iter(self._blocks)))
+            self._blocks[(k, b)] = got
+        return got
+
+    def _block(self, k: int, b: int) -> tuple[np.ndarray, np.ndarray]:
+        """(source position of each source's first draw in block ``b`` of stage ``k``, its counts)."""
+        before, after = self._counts(k, b), self._counts(k, b + 1)
+        first = np.array([x + y for x, y in zip(self.stages[k].base, before)], dtype=np.int64)
+        return first, np.array([y - x for x, y in zip(before, after)], dtype=np.int64)
+
+    def _slots(self, k: int, b: int, slots: np.ndarray) -> np.ndarray:
+        if not self.shuffle:
+            return slots
+        key = _splitmix64(self.seed ^ _splitmix64(_splitmix64(k ^ _BLOCK_SALT) ^ b))
+        # LCGSampler(block, seed=key).record_indices(slots), without re-checking our own slots
+        return _EpochPermutation(self.stages[k].block, key, 0)(slots.view(np.uint64))
+
+    def sources_at(self, positions: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(source index, position in that source's own stream) for each mixture stream position."""
+        pos = np.asarray(positions, dtype=np.int64).reshape(-1)
+        src, spos = np.empty_like(pos), np.empty_like(pos)
+        stage_of = np.searchsorted(self._starts, pos, side="right") - 1
+        for k, in_stage in _runs(stage_of):
+            st = self.stages[k]
+            blk, slot = np.divmod(pos[in_stage] - st.start, st.block)
+            for b, here in _runs(blk):
+                first, n = self._block(k, b)
+                q = self._slots(k, b, slot[here])
+                ends = np.cumsum(n)
+                i = np.searchsorted(ends, q, side="right")
+                sel = in_stage[here]
+                src[sel] = i
+                spos[sel] = first[i] + q - (ends - n)[i]
+        return src, spos
+
+    def stream_indices(self, positions) -> np.ndarray:
+        """Mixture index (``offsets[source] + record``) at each stream position."""
+        pos = np.asarray(positions, dtype=np.int64)
+        if pos.size and (pos.min() < 0 or pos.max() >= len(self)):
+            bad = pos[(pos < 0) | (pos >= len(self))][0]
+            raise PositionOutOfRange(f"index must be in [0, {len(self)}) for this mixture's stream, got {int(bad)}")
+        src, spos = self.sources_at(pos)
+        out = np.empty_like(pos)
+        for i in np.unique(src).tolist():
+            sel = src == i
+            out[sel] = self.children[i].stream_indices(spos[sel]) + self.offsets[i]
+        return out
