@@ -55,8 +55,12 @@ def _rows_of_this_process(sharding, global_shape) -> tuple[int, int]:
     return lo // size, global_shape[0] // size
 
 
-def _global_batch(sharding, global_shape, batch: dict[str, np.ndarray]) -> dict[str, jax.Array]:
-    return {k: jax.make_array_from_process_local_data(sharding, v, global_shape) for k, v in batch.items()}
+def _global_batch(sharding, shard_count: int, batch: dict[str, np.ndarray]) -> dict[str, jax.Array]:
+    # The global shape follows this step's batch size (a schedule changes it): every host holds
+    # 1/shard_count of the rows, so the local rows tell it.
+    rows, seq_len = next(iter(batch.values())).shape
+    shape = (rows * shard_count, seq_len)
+    return {k: jax.make_array_from_process_local_data(sharding, v, shape) for k, v in batch.items()}
 
 
 class JaxLoader(Closing):
@@ -66,6 +70,9 @@ class JaxLoader(Closing):
         loader: the framework-neutral ``DataLoader``; its shard is derived from ``sharding`` and the
             process index unless it was given explicitly (then they must agree).
         sharding: layout of every ``[global_batch, seq_len]`` field; default: batch axis over all devices.
+            With a batch-size schedule, each step's arrays have that step's global shape (a new shape
+            when the size changes, so a jitted step compiles once per size); every size of the
+            schedule is checked up front to give this process the same rows of the batch.
         prefetch: batches kept ready on device by a background thread (0: none).
 
     Example:
@@ -77,8 +84,19 @@ class JaxLoader(Closing):
         if sharding is None:
             sharding = NamedSharding(Mesh(np.array(jax.devices()), ("data",)), PartitionSpec("data"))
         self.sharding = sharding
-        self.global_shape = (loader.global_batch_size, loader.seq_len)
+        sizes = loader.batch_schedule.sizes
+        self.global_shape = (sizes[0], loader.seq_len)  # of step 0; later steps follow the schedule
         index, count = _rows_of_this_process(sharding, self.global_shape)
+        for size in sizes[1:]:  # every size of a schedule, up front: not at the step where it begins
+            try:
+                rows = _rows_of_this_process(sharding, (size, loader.seq_len))
+            except Exception as e:  # noqa: BLE001 - jax's IndivisibleError and the like, reworded
+                raise ValueError(f"global batch size {size} of the schedule {loader.batch_schedule!r} cannot be "
+                                 f"laid out by {sharding}: {e}") from None
+            if rows != (index, count):
+                raise ValueError(f"global batch size {size} of the schedule gives this process other rows of the "
+                                 f"batch under {sharding} than size {sizes[0]} does: pick sizes the batch axis "
+                                 "splits the same way")
         if loader.shard_given and (loader.shard_index, loader.shard_count) != (index, count):
             raise ValueError(
                 f"the DataLoader was given shard {loader.shard_index}/{loader.shard_count}, but this process's "
@@ -92,7 +110,7 @@ class JaxLoader(Closing):
         close_at_exit(self)  # its thread must stop before JAX's exit handler shuts the backend down
 
     def _to_global(self, batch: dict[str, np.ndarray]) -> dict[str, jax.Array]:
-        return _global_batch(self.sharding, self.global_shape, batch)
+        return _global_batch(self.sharding, self.loader.shard_count, batch)
 
     def __iter__(self) -> "JaxLoader":
         return self
@@ -105,8 +123,8 @@ class JaxLoader(Closing):
         if self._producer is None:
             # The thread must not hold self: then a JaxLoader dropped without close() is collected,
             # and its __del__ stops the thread.
-            it, sharding, shape = self._it, self.sharding, self.global_shape
-            self._producer = Producer(lambda: (_global_batch(sharding, shape, next(it)), it.get_state()),
+            it, sharding, count = self._it, self.sharding, self.loader.shard_count
+            self._producer = Producer(lambda: (_global_batch(sharding, count, next(it)), it.get_state()),
                                       self.prefetch, "portable_loader-jax-prefetch")
         batch, self._state = self._producer.next()
         return batch

@@ -26,6 +26,7 @@ from typing import Any, Iterator, Sequence
 
 import numpy as np
 
+from portable_loader.batch_size import BatchSchedule, as_schedule
 from portable_loader.collate import OVERLONG, collate
 from portable_loader.dataset import source as as_dataset
 from portable_loader.digests import json_sha256
@@ -82,6 +83,9 @@ class DataLoader:
     ``overlong`` says what a record longer than ``seq_len`` becomes: ``"split"`` (packing only),
     ``"truncate"``, ``"drop"``, or ``"auto"``: split for a ``text`` cache when packing, truncate
     otherwise (alpaca/chat records never leave a response tail without its prompt). See docs/loader.md.
+    ``global_batch_size``: an int, a schedule ``[(step, size), ...]``, a ``BatchSchedule`` (by step or
+    by samples consumed) or ``rampup(...)`` (Megatron's); a state resumes at any other size or
+    schedule, and continues the same record or packed-row stream (docs/batch_size.md).
 
     Example:
         >>> loader = DataLoader(open_cache(path), global_batch_size=64, seq_len=2048, seed=0,
@@ -94,7 +98,7 @@ class DataLoader:
         self,
         source,
         *,
-        global_batch_size: int,
+        global_batch_size: int | list | BatchSchedule,
         seq_len: int,
         seed: int = 0,
         packing: bool = False,
@@ -108,8 +112,9 @@ class DataLoader:
         pad_id: int = 0,
         overlong: str = "auto",
     ):
+        sizes = as_schedule(global_batch_size)
         for name, value, low in (
-            ("global_batch_size", global_batch_size, 1), ("seq_len", seq_len, 1), ("num_workers", num_workers, 0),
+            ("seq_len", seq_len, 1), ("num_workers", num_workers, 0),
             ("prefetch", prefetch, 0), ("packing_window", packing_window, 1),
         ):
             if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < low:
@@ -120,14 +125,17 @@ class DataLoader:
         shard_index = 0 if shard_index is None else shard_index
         if not 0 <= shard_index < shard_count:
             raise ValueError(f"shard_index must be in [0, {shard_count}), got {shard_index}")
-        if global_batch_size % shard_count:
-            raise ValueError(
-                f"global_batch_size {global_batch_size} is not divisible by shard_count {shard_count}"
-            )
+        for size in sizes.sizes:  # every stage, up front: not at the step where it begins
+            if size % shard_count:
+                what = "global_batch_size" if sizes.fixed else f"global_batch_size {sizes!r}: size"
+                raise ValueError(f"{what} {size} is not divisible by shard_count {shard_count}")
         if len(source) < 1:
             raise ValueError("source is empty")
         self.source = source = as_dataset(source)  # the rest of __init__ sees the Dataset
-        self.global_batch_size, self.seq_len, self.seed = int(global_batch_size), int(seq_len), int(seed)
+        self.batch_schedule = sizes
+        # An int when fixed (what most code reads); the schedule otherwise.
+        self.global_batch_size = sizes.stages[0][1] if sizes.fixed else sizes
+        self.seq_len, self.seed = int(seq_len), int(seed)
         self.packing, self.shuffle, self.num_epochs = bool(packing), bool(shuffle), num_epochs
         self.num_workers, self.prefetch = int(num_workers), int(prefetch)
         self.shard_index, self.shard_count = int(shard_index), int(shard_count)
@@ -137,7 +145,7 @@ class DataLoader:
         self.sampler = source.stream_order(self.seed, shuffle=self.shuffle, num_epochs=num_epochs)
         self.config = {
             "source": _source_identity(source),
-            "global_batch_size": self.global_batch_size,
+            "global_batch_size": sizes.config(),
             "seq_len": self.seq_len,
             "seed": self.seed,
             "packing": self.packing,
@@ -147,7 +155,9 @@ class DataLoader:
             "pad_id": self.pad_id,
             "overlong": self.overlong,
         }
-        self.fingerprint = json_sha256(self.config, compact=False)[:32]
+        # Without the batch size: a state is a position in a stream that the size only cuts into steps.
+        self.fingerprint = json_sha256({k: v for k, v in self.config.items() if k != "global_batch_size"},
+                                       compact=False)[:32]
         self._describer: list | None = None  # describe's own planner and packed cursors
 
     def with_shard(self, shard_index: int, shard_count: int) -> "DataLoader":
@@ -165,7 +175,20 @@ class DataLoader:
 
     @property
     def local_batch_size(self) -> int:
+        """This host's rows per step (a fixed size only: see ``batch_size_at`` for a schedule)."""
+        if not self.batch_schedule.fixed:
+            raise ValueError("local_batch_size: the global batch size follows a schedule; use batch_size_at(step)")
         return self.global_batch_size // self.shard_count
+
+    def batch_size_at(self, step: int) -> int:
+        """The global batch size of ``step``, the schedule followed from step 0 (as ``describe`` does).
+
+        Example:
+            >>> DataLoader([{"input_ids": np.arange(3)}] * 9, global_batch_size=[(0, 2), (3, 4)],
+            ...            seq_len=4).batch_size_at(3)
+            4
+        """
+        return self.batch_schedule.size_at(step)
 
     def planner(self) -> Planner:
         return Planner(
@@ -250,8 +273,8 @@ class DataLoader:
         self._describer[2] = cur
         rows = planned[0]
         if not self.packing:  # a padded row holds a record's first seq_len tokens
-            lo = step * self.global_batch_size
-            hi = lo + self.global_batch_size
+            lo = planner.resolve(cur).samples
+            hi = lo + len(rows)
             hi = hi if planner.total is None else min(hi, planner.total)
             recs = np.array([row[0][0] if row else 0 for row in rows[: hi - lo]], dtype=np.int64)  # 0: dropped
             lengths = planner.lengths_at(lo, hi, recs).tolist()
@@ -262,7 +285,8 @@ class DataLoader:
         return [[(*next(names), s, e) for _, s, e in row] for row in rows]
 
     def local_rows(self, rows: Sequence) -> Sequence:
-        b = self.local_batch_size
+        """This host's rows of a global step's ``rows`` (their number is that step's batch size)."""
+        b = len(rows) // self.shard_count
         return rows[self.shard_index * b : (self.shard_index + 1) * b]
 
     def __iter__(self) -> "LoaderIterator":

@@ -2,28 +2,32 @@
 
 The global record stream is position ``p -> (epoch p // N, sampler(epoch, p % N))``.
 
-* Padding: step ``s`` takes positions ``[sB, (s+1)B)``, one record per row (cut to ``seq_len``).
+* Padding: a step of ``B`` rows takes the next ``B`` positions, one record per row (cut to ``seq_len``);
+  the position is the number of records consumed, so a batch size that changes (a schedule, or a
+  resume at another size) continues the same record stream.
 * Packing: the stream is cut into windows of ``W`` positions; each window is packed on its own (a
   pure function of its records' lengths) and the row stream is each window's rows in a keyed
   pseudo-random order, a pure function of (seed, window). The packer creates rows from the fullest
   to the emptiest; served in that order, the documents per row would rise and fall with a period of
-  one window (a length curriculum nobody asked for). Step ``s`` takes the next ``B`` rows.
+  one window (a length curriculum nobody asked for). A step of ``B`` rows takes the next ``B`` rows.
 * Records longer than ``seq_len`` follow the ``overlong`` policy (``"split"`` only when packing,
   ``"truncate"`` or ``"drop"``); ``counts`` holds, per step planned, how many records each policy
   touched, until the caller takes it. Without packing, lengths are read only where they are cheap
   (``cheap_lengths``: the source has ``lengths()``) or the policy is ``"drop"``; otherwise a
   truncation is left to collation and not counted (None).
 
-A ``Cursor`` (step, window, row) is where the next step starts; restoring one re-plans at most one
-window, O(W), never O(steps). Hosts cut the same global rows at different offsets, so their number
-never changes the stream.
+The batch size of a step comes from a ``BatchSchedule`` (portable_loader.batch_size), a function of
+(step, samples consumed). A ``Cursor`` (step, window, row, samples) is where the next step starts:
+``samples`` counts the rows served so far (padding: the record position, so ``window``/``row`` are 0).
+Restoring one re-plans at most one window, O(W), never O(steps). Hosts cut the same global rows at
+different offsets, so their number never changes the stream.
 
 Example:
     >>> from portable_loader.sampler import LCGSampler
     >>> p = Planner(LCGSampler(10, seed=0, num_epochs=1), 10, global_batch_size=4, seq_len=8)
     >>> rows, nxt = p.step(Cursor(0, 0, 0))
     >>> len(rows), nxt
-    (4, Cursor(step=1, window=0, row=0))
+    (4, Cursor(step=1, window=0, row=0, samples=4))
 """
 
 from __future__ import annotations
@@ -33,6 +37,7 @@ from typing import Callable, NamedTuple
 
 import numpy as np
 
+from portable_loader.batch_size import BatchSchedule, as_schedule
 from portable_loader.collate import OVERLONG, Piece, pack
 from portable_loader.sampler import LCGSampler, _splitmix64
 
@@ -44,11 +49,16 @@ _KEPT_COUNTS = 1024  # per-step counts nobody takes (e.g. a bare Planner) stop g
 
 
 class Cursor(NamedTuple):
-    """Where the next global step starts (``window``/``row`` are used in packing mode only)."""
+    """Where the next global step starts (``window``/``row`` are used in packing mode only).
+
+    ``samples``: rows served before it (padding: records consumed, the stream position). None stands
+    for the schedule followed from step 0 (``Planner.resolve`` fills it in).
+    """
 
     step: int
     window: int
     row: int
+    samples: int | None = None
 
 
 class Planner:
@@ -59,7 +69,7 @@ class Planner:
         sampler: LCGSampler,
         num_records: int,
         *,
-        global_batch_size: int,
+        global_batch_size: int | BatchSchedule,
         seq_len: int,
         packing: bool = False,
         window: int = 1024,
@@ -71,6 +81,7 @@ class Planner:
         if overlong not in OVERLONG or (overlong == "split" and not packing):
             raise ValueError(f"overlong must be one of {OVERLONG} ('split' only when packing), got {overlong!r}")
         self.sampler, self.n = sampler, num_records
+        self.sizes = as_schedule(global_batch_size)
         self.batch, self.seq_len, self.packing, self.window = global_batch_size, seq_len, packing, window
         self.total = None if sampler.num_epochs is None else sampler.num_epochs * num_records
         self.overlong, self.cheap_lengths = overlong, cheap_lengths
@@ -173,12 +184,20 @@ class Planner:
             self.counts.popitem(last=False)
         self.counts[step] = {self.overlong: touched}
 
+    def resolve(self, cur: Cursor) -> Cursor:
+        """``cur`` with ``samples`` filled in (the schedule followed from step 0) where it is None."""
+        if cur.samples is not None:
+            return cur
+        return cur._replace(samples=self.sizes.samples_at(cur.step))
+
     def step(self, cur: Cursor) -> tuple[list[list[Piece]], Cursor] | None:
+        cur = self.resolve(cur)
+        batch = self.sizes.size(cur.step, cur.samples)
         if not self.packing:
-            lo = cur.step * self.batch
+            lo = cur.samples
             if self.total is not None and lo >= self.total:
                 return None
-            hi = lo + self.batch if self.total is None else min(lo + self.batch, self.total)
+            hi = lo + batch if self.total is None else min(lo + batch, self.total)
             recs = self.records(lo, hi)
             touched = None  # not counted: reading lengths here would fetch each record twice
             if self._lengths is not None and (self.overlong == "drop" or self.cheap_lengths):
@@ -190,18 +209,18 @@ class Planner:
             # its row empty, so positions and rows stay in step.
             rows = [[(idx, 0, self.seq_len)] if idx >= 0 else [] for idx in recs.tolist()]
             self._count(cur.step, touched)
-            return rows + [[] for _ in range(self.batch - len(rows))], Cursor(cur.step + 1, 0, 0)
+            return rows + [[] for _ in range(batch - len(rows))], Cursor(cur.step + 1, 0, 0, hi)
         rows: list[list[Piece]] = []
         w, r = cur.window, cur.row
         touched = 0
-        while len(rows) < self.batch:
+        while len(rows) < batch:
             planned = self._planned(w)
             if planned is None:
                 break
             window, over = planned
             if r == 0:
                 touched += over  # a window's records count once, in the step that opens it
-            take = window[r : r + self.batch - len(rows)]
+            take = window[r : r + batch - len(rows)]
             rows += take
             r += len(take)
             if r >= len(window):
@@ -209,18 +228,20 @@ class Planner:
         if not rows:
             return None
         self._count(cur.step, touched)
-        return rows + [[] for _ in range(self.batch - len(rows))], Cursor(cur.step + 1, w, r)
+        return rows + [[] for _ in range(batch - len(rows))], Cursor(cur.step + 1, w, r, cur.samples + batch)
 
     def num_steps(self, estimate: bool = False, sample_windows: int = 32) -> int:
         """Global steps in this finite stream (the last one may be partly padding).
 
-        Padding: exact arithmetic. Packing: exact by packing every window (O(records)), or with
-        ``estimate=True`` from ``sample_windows`` evenly spaced full windows scaled to all of them.
+        The fewest steps, at the schedule's sizes from step 0, that hold every record (padding) or
+        every packed row. Padding: exact arithmetic. Packing: exact by packing every window
+        (O(records)), or with ``estimate=True`` from ``sample_windows`` evenly spaced full windows
+        scaled to all of them.
         """
         if self.total is None:
             raise ValueError("an endless stream (num_epochs=None) has no number of steps")
         if not self.packing:
-            return -(-self.total // self.batch)
+            return self.sizes.steps_for(self.total)
         nwin = self.num_windows
         if estimate and nwin > sample_windows + 1:
             full = nwin - 1 if self.total % self.window else nwin
@@ -229,7 +250,7 @@ class Planner:
             rows = round(per_window * full) + (self._rows_in(nwin - 1) if full < nwin else 0)
         else:
             rows = sum(self._rows_in(w) for w in range(nwin))
-        return -(-rows // self.batch)
+        return self.sizes.steps_for(rows)
 
     def _rows_in(self, w: int) -> int:
         recs = self._window_records(w)

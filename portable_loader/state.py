@@ -4,9 +4,15 @@ A state is a JSON object with exactly these fields:
 
 * ``version``: ``STATE_VERSION``; states of another version describe another stream and are refused.
 * ``fingerprint``, ``config``: the loader config the state belongs to (``config`` only for messages).
-* ``step``, ``window``, ``row``: the stream position. Padding uses ``step``; packing uses ``window``
-  and ``row`` and counts steps in ``step`` (the trainer's step, which a packed stream cannot derive
-  from the position in O(1)).
+* ``step``: the trainer's step (global steps served so far).
+* ``samples``: rows served so far, Megatron's ``consumed_samples``. Padding: the stream position
+  (records consumed). Packing: the position is ``window`` and ``row`` (both 0 when padding).
+  Neither depends on the batch size, so a state resumes at any other size or schedule.
+* ``batch_size``: the size the saving loader gives the next step (for the reader; a loader resumed
+  at another size serves its own).
+* ``batch_schedule``: ``[count, digest]`` of the batch-size stages that began before the position.
+  A loader configured with a schedule (a list) must agree on them; stages after the position may
+  differ. A loader given one integer size serves that size from the position on, whatever the past.
 * ``schedule`` (a mixture only): short digests of the weight-schedule stages that began before the
   stream position (``Mix.schedule_digests``). They must match on resume; stages that begin at or after
   the position may differ, so a run can be re-weighted from where it stands. The field is optional
@@ -41,8 +47,11 @@ __all__ = ["STATE_VERSION", "make_state", "parse_state", "check_state"]
 
 # 2: packed rows are served in a keyed order per window (v1 served them in the packer's order), the
 # over-long policy joined the config, and the digest field was added.
-STATE_VERSION = 2
-_FIELDS = ("version", "fingerprint", "config", "step", "window", "row", "digest")
+# 3: the position no longer depends on the batch size (padding: ``samples``, not step x size) and the
+# fingerprint leaves the batch size out; batch_size and batch_schedule were added.
+STATE_VERSION = 3
+_FIELDS = ("version", "fingerprint", "config", "step", "window", "row", "samples", "batch_size",
+           "batch_schedule", "digest")
 _MIX_FIELD = "schedule"
 
 
@@ -57,6 +66,8 @@ def make_state(loader, cursor: Cursor) -> dict[str, Any]:
     Example:
         >>> make_state(loader, Cursor(step=5, window=0, row=0))   # doctest: +SKIP
     """
+    cursor = loader.planner().resolve(cursor) if cursor.samples is None else cursor
+    sizes = loader.batch_schedule
     state = {
         "version": STATE_VERSION,
         "fingerprint": loader.fingerprint,
@@ -64,6 +75,9 @@ def make_state(loader, cursor: Cursor) -> dict[str, Any]:
         "step": int(cursor.step),
         "window": int(cursor.window),
         "row": int(cursor.row),
+        "samples": int(cursor.samples),
+        "batch_size": sizes.size(cursor.step, cursor.samples),
+        "batch_schedule": sizes.digest(cursor.step, cursor.samples),
     }
     digests = getattr(loader.source, "schedule_digests", None)
     if digests is not None:
@@ -78,7 +92,7 @@ def _used(loader, cursor: Cursor) -> int:
     A packed window is planned whole, so a window partly served counts in full.
     """
     if not loader.packing:
-        return cursor.step * loader.global_batch_size
+        return cursor.samples
     return (cursor.window + (1 if cursor.row else 0)) * loader.packing_window
 
 
@@ -124,7 +138,8 @@ def check_state(raw, loader, planner: Planner) -> Cursor:
     version = state.get("version")
     if version != STATE_VERSION or isinstance(version, bool):
         older = isinstance(version, int) and not isinstance(version, bool) and version < STATE_VERSION
-        why = " (written by an older portable_loader, whose stream differs)" if older else ""
+        why = (" (written by an older portable_loader, whose positions and fingerprints differ: resume that "
+               "run with the version that saved it)") if older else ""
         raise StateError("version", f"{version!r} is not {STATE_VERSION}{why}: refused")
     missing = [k for k in _FIELDS if k not in state]
     if missing:
@@ -140,11 +155,17 @@ def check_state(raw, loader, planner: Planner) -> Cursor:
             raise StateError(name, f"must be a string, got {type(state[name]).__name__}")
     if not isinstance(state["config"], dict):
         raise StateError("config", f"must be an object, got {type(state['config']).__name__}")
-    step, window, row = (_int_field(state, k) for k in ("step", "window", "row"))
+    step, window, row, samples = (_int_field(state, k) for k in ("step", "window", "row", "samples"))
+    if _int_field(state, "batch_size") < 1:
+        raise StateError("batch_size", f"must be >= 1, got {state['batch_size']}")
+    begun = state["batch_schedule"]
+    if not (isinstance(begun, list) and len(begun) == 2 and isinstance(begun[1], str)
+            and isinstance(begun[0], int) and not isinstance(begun[0], bool) and begun[0] >= 0):
+        raise StateError("batch_schedule", f"must be [count, digest], got {begun!r:.80}")
     if state["digest"] != _digest(state):
         raise StateError("digest", "does not match the other fields (edited by hand or damaged): refused")
     if state["fingerprint"] != loader.fingerprint:
-        mine = {k: v for k, v in loader.config.items() if k != "source"}
+        mine = {k: v for k, v in loader.config.items() if k not in ("source", "global_batch_size")}
         theirs = state["config"]
         diff = [f"{k}: state {theirs.get(k)!r}, loader {mine[k]!r}" for k in mine if theirs.get(k) != mine[k]]
         raise StateError(
@@ -155,17 +176,20 @@ def check_state(raw, loader, planner: Planner) -> Cursor:
         saved = state[_MIX_FIELD]
         if not isinstance(saved, list) or not all(isinstance(d, str) for d in saved):
             raise StateError(_MIX_FIELD, f"must be a list of strings, got {saved!r}")
-        why = loader.source.schedule_change(saved, _used(loader, Cursor(step, window, row)))
+        why = loader.source.schedule_change(saved, _used(loader, Cursor(step, window, row, samples)))
         if why:
             raise StateError(_MIX_FIELD, f"{why}: refused")
+    if not loader.batch_schedule.fixed:  # a schedule speaks for the whole run; one integer only for now on
+        why = loader.batch_schedule.change(begun, step, samples)
+        if why:
+            raise StateError("batch_schedule", f"{why}: refused")
     if not planner.packing:
         for name, value in (("window", window), ("row", row)):
             if value:
                 raise StateError(name, f"must be 0 without packing, got {value}")
-        last = planner.num_steps() if planner.total is not None else (sys.maxsize - planner.batch) // planner.batch
-        if step > last:
-            raise StateError("step", f"{step} is past the end of the stream ({last} steps): refused")
-        return Cursor(step, 0, 0)
+        if planner.total is not None and samples > planner.total:
+            raise StateError("samples", f"{samples} is past the end of the stream ({planner.total} records): refused")
+        return Cursor(step, 0, 0, samples)
     nwin = planner.num_windows
     last = nwin if nwin is not None else (sys.maxsize - planner.window) // planner.window
     if window > last:
@@ -174,4 +198,4 @@ def check_state(raw, loader, planner: Planner) -> Cursor:
     size = 0 if rows is None else len(rows)
     if row and row >= size:
         raise StateError("row", f"{row} is past the end of window {window} ({size} rows): refused")
-    return Cursor(step, window, row)
+    return Cursor(step, window, row, samples)

@@ -46,7 +46,7 @@ def test_positions_past_the_end_of_a_finite_stream_are_refused(kw):
         nwin = -(-40 // 8)
         refused(kw, make_state(loader, Cursor(0, nwin, 1)), "row", "past the end")
     else:
-        refused(kw, make_state(loader, Cursor(11, 0, 0)), "step", r"past the end of the stream \(10 steps\)")
+        refused(kw, make_state(loader, Cursor(11, 0, 0)), "samples", r"past the end of the stream \(40 records\)")
         refused(kw, make_state(loader, Cursor(1, 1, 0)), "window", "must be 0 without packing")
 
 
@@ -112,7 +112,8 @@ JSON = st.recursive(
     lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=6), inner, max_size=3),
     max_leaves=6,
 )
-FIELDS = ["version", "fingerprint", "config", "step", "window", "row", "digest"]
+FIELDS = ["version", "fingerprint", "config", "step", "window", "row", "samples", "batch_size", "batch_schedule",
+          "digest"]
 
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -143,7 +144,7 @@ def test_arbitrary_input_raises_only_state_error(raw):
 
 
 @settings(max_examples=60, deadline=None)
-@given(packing=st.booleans(), step=st.integers(0, 2**62), window=st.integers(0, 2**62), row=st.integers(0, 2**62))
+@given(packing=st.booleans(), step=st.integers(0, 2**60), window=st.integers(0, 2**62), row=st.integers(0, 2**62))
 def test_well_formed_positions_are_accepted_only_inside_the_stream(packing, step, window, row):
     """A state made by the loader itself (valid digest) is still refused past the stream's end."""
     kw = PACKED if packing else PADDED
