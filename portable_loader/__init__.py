@@ -8,6 +8,7 @@ Example:
     >>> ds = pl.source(src).map(my_fn)                                                   # doctest: +SKIP
 """
 
+from portable_loader.batch_size import BatchSchedule, rampup
 from portable_loader.cache import open_cache
 from portable_loader.dataset import Dataset, mix, source
 from portable_loader.loader import DataLoader
@@ -17,6 +18,7 @@ from portable_loader.sampler import LCGSampler
 
 __all__ = [
     "BadRowError",
+    "BatchSchedule",
     "CacheError",
     "DataLoader",
     "Dataset",
@@ -30,6 +32,7 @@ __all__ = [
     "mix",
     "open_cache",
     "precache",
+    "rampup",
     "remove_cache",
     "source",
 ]
