@@ -189,6 +189,9 @@ def check_state(raw, loader, planner: Planner) -> Cursor:
                 raise StateError(name, f"must be 0 without packing, got {value}")
         if planner.total is not None and samples > planner.total:
             raise StateError("samples", f"{samples} is past the end of the stream ({planner.total} records): refused")
+        last = sys.maxsize - max(loader.batch_schedule.sizes)  # positions must stay 64-bit integers
+        if samples > last:
+            raise StateError("samples", f"{samples} is past the last position this loader can serve ({last}): refused")
         return Cursor(step, 0, 0, samples)
     nwin = planner.num_windows
     last = nwin if nwin is not None else (sys.maxsize - planner.window) // planner.window

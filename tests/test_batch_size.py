@@ -120,6 +120,21 @@ def test_a_size_the_hosts_do_not_divide_is_refused_up_front():
         pl.DataLoader(SRC, global_batch_size=6, seq_len=16).with_shard(1, 4)
 
 
+def test_positions_are_checked_against_the_stream():
+    import sys
+
+    from portable_loader.plan import Cursor
+    from portable_loader.state import make_state
+
+    finite = pl.DataLoader(SRC, global_batch_size=[(0, 4), (3, 8)], seq_len=16, num_epochs=1)
+    iter(finite).set_state(make_state(finite, Cursor(20, 0, 0, 70)))  # the end of the stream, at any step
+    with pytest.raises(pl.StateError, match=r"field 'samples': 71 is past the end of the stream \(70 records\)"):
+        iter(finite).set_state(make_state(finite, Cursor(20, 0, 0, 71)))
+    endless = pl.DataLoader(SRC, global_batch_size=8, seq_len=16)
+    with pytest.raises(pl.StateError, match="field 'samples': .* past the last position"):
+        iter(endless).set_state(make_state(endless, Cursor(0, 0, 0, sys.maxsize - 1)))
+
+
 def test_version_2_states_are_refused_clearly():
     state = iter(pl.DataLoader(SRC, global_batch_size=4, seq_len=16)).get_state()
     old = {k: state[k] for k in ("fingerprint", "config", "step", "window", "row", "digest")}
