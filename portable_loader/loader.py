@@ -201,7 +201,7 @@ class DataLoader:
         """Global steps that ``num_epochs`` epochs make (default: the loader's ``num_epochs``).
 
         It is the number of batches a loader with that ``num_epochs`` yields (the last may be partly
-        padding), for a Trainer's ``max_steps``. Padding: exact, O(1). Packing: exact by planning
+        padding), for a Trainer's ``max_steps``; with a batch-size schedule, at the schedule's sizes. Padding: exact, O(1). Packing: exact by planning
         every window (reads every record's length: O(records)), or ``estimate=True`` from 32 evenly
         spaced windows (see docs/loader.md for its error).
 
@@ -241,7 +241,8 @@ class DataLoader:
 
         ``source`` is the mixture's source name (``"web/en"`` for a nested mix; None when the loader
         reads no mixture) and ``[start, end)`` the token offsets taken from that record. Computed
-        from the plan and the sources' lengths, never from tokens. Padding: O(1) per step. Packing:
+        from the plan and the sources' lengths, never from tokens. A step has that step's batch size,
+        the schedule followed from step 0. Padding: O(#stages) per step. Packing:
         a step's rows depend on how all earlier windows packed, so steps are planned forward from
         the nearest step already described (sequential calls cost one plan each).
 

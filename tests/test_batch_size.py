@@ -145,8 +145,8 @@ def test_version_2_states_are_refused_clearly():
 # --- 2. schedules -----------------------------------------------------------------------------
 
 
-def schedule_oracle(stages, unit, steps, total=None):
-    """Sizes of steps 0..steps-1 by walking them one at a time (padding clips samples to the stream)."""
+def schedule_oracle(stages, unit, steps):
+    """Sizes of steps 0..steps-1, walking them one at a time."""
     sizes, samples = [], 0
     for step in range(steps):
         at = step if unit == "steps" else samples
