@@ -83,7 +83,7 @@ def _figure(height: float):
     import matplotlib.pyplot as plt
 
     plt.rcParams["svg.hashsalt"] = "portable_loader"  # same data, same file: diffs show real changes
-    return plt, plt.subplots(figsize=(8, height))
+    return plt, plt.subplots(figsize=(10, height))
 
 
 def _save(args, plt, fig, ax, title: str) -> None:
