@@ -299,7 +299,6 @@ def main() -> None:
     args = add_output_args(p, "loader").parse_args()
     print(f"machine: {machine()}; {args.records:,} records (real alpaca tokens); batches of {B}x{S}; "
           f"{args.rounds} interleaved rounds of {args.steps} steps (or {args.seconds:g} s) each, medians")
-    # ArrayRecord reads cost ~8 us a record in one big list read, ~45 us one by one (see docs/loader.md).
     work = os.path.join(args.work, f"records-{args.records}")
     os.makedirs(work, exist_ok=True)
     paths = build_caches(work, args.records, args.tokenizer)
@@ -311,23 +310,26 @@ def main() -> None:
             runs[key].append(timed(batches, args.steps, args.seconds))
         print(f"round {r + 1}: " + ", ".join(f"{k[0].split(',')[0]} {runs[k][-1][0]:,.0f}" for k in runs), flush=True)
     med = {key: (float(np.median([x[0] for x in v])), float(np.median([x[1] for x in v]))) for key, v in runs.items()}
-    bps = {key[0]: m[0] for key, m in med.items()}
-    ceiling = bps["(e) ceiling: numpy memmap gather"]
+    ceiling = med[("(e) ceiling: numpy memmap gather", "padded")][0]
     print("\n| mode | contender | batches/s | tokens/s | vs memmap ceiling |")
     print("|---|---|---|---|---|")
     for (label, mode), (b, t) in med.items():
         print(f"| {mode} | {label} | {b:,.0f} | {t / 1e6:.1f} M | {b / ceiling:.0%} |")
-    ar, arrow = bps["(a) portable_loader, ArrayRecord"], bps["(c) portable_loader, Arrow"]
-    ar_ahead = bps["(a) portable_loader, ArrayRecord, prefetch 64 steps"]
+    def ratio(a: str, b: str) -> float:
+        """Median over rounds of a/b in the same round: the load on a shared machine changes slowly."""
+        (ka,), (kb,) = [[k for k in runs if k[0] == x] for x in (a, b)]
+        return float(np.median([x[0] / y[0] for x, y in zip(runs[ka], runs[kb])]))
+
     ratios = {
-        "padded ArrayRecord / Arrow": ar / arrow,
-        "padded ArrayRecord with prefetch / Arrow": ar_ahead / arrow,
-        "padded ArrayRecord with prefetch / Grain MapDataset": ar_ahead / bps["(b) Grain MapDataset, same ArrayRecord"],
-        "padded ArrayRecord / Grain MapDataset": ar / bps["(b) Grain MapDataset, same ArrayRecord"],
-        "padded ArrayRecord / grain.DataLoader": ar / bps["(b) grain.DataLoader + IndexSampler, same ArrayRecord"],
-        "padded Arrow / memmap ceiling": arrow / ceiling,
-        "packed Arrow / Grain FirstFitPack": bps["portable_loader packed, Arrow"] / bps["Grain FirstFitPackIterDataset, same ArrayRecord"],
-        "packed ArrayRecord / Grain FirstFitPack": bps["portable_loader packed, ArrayRecord"] / bps["Grain FirstFitPackIterDataset, same ArrayRecord"],
+        "padded ArrayRecord / Arrow": ratio("(a) portable_loader, ArrayRecord", "(c) portable_loader, Arrow"),
+        "padded ArrayRecord with prefetch / Arrow": ratio("(a) portable_loader, ArrayRecord, prefetch 64 steps", "(c) portable_loader, Arrow"),
+        "padded ArrayRecord / Grain MapDataset": ratio("(a) portable_loader, ArrayRecord", "(b) Grain MapDataset, same ArrayRecord"),
+        "padded ArrayRecord with prefetch / Grain MapDataset": ratio("(a) portable_loader, ArrayRecord, prefetch 64 steps", "(b) Grain MapDataset, same ArrayRecord"),
+        "padded ArrayRecord / grain.DataLoader": ratio("(a) portable_loader, ArrayRecord", "(b) grain.DataLoader + IndexSampler, same ArrayRecord"),
+        "padded Arrow / memmap ceiling": ratio("(c) portable_loader, Arrow", "(e) ceiling: numpy memmap gather"),
+        "packed ArrayRecord / packed Arrow": ratio("portable_loader packed, ArrayRecord", "portable_loader packed, Arrow"),
+        "packed Arrow / Grain FirstFitPack": ratio("portable_loader packed, Arrow", "Grain FirstFitPackIterDataset, same ArrayRecord"),
+        "packed ArrayRecord / Grain FirstFitPack": ratio("portable_loader packed, ArrayRecord", "Grain FirstFitPackIterDataset, same ArrayRecord"),
     }
     print()
     for name, value in ratios.items():

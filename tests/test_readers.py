@@ -33,8 +33,8 @@ def as_tuple(record):
     return record["input_ids"].tolist(), record["loss_mask"].tolist()
 
 
-# Runs of consecutive records (read as ranges, across shard borders), repeats, and long lists (read
-# with one list call per shard) all occur.
+# Short lists (read record by record), runs across shard borders, repeats, and long lists (one
+# list read per shard) all occur.
 indices = st.one_of(
     st.lists(st.integers(0, N_ROWS - 1), max_size=20),
     st.builds(lambda a, n: list(range(a, min(N_ROWS, a + n))), st.integers(0, N_ROWS - 1), st.integers(1, 60)),
