@@ -291,9 +291,9 @@ PACKED = {
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--records", type=int, default=200_000)
-    p.add_argument("--steps", type=int, default=1000, help="batches per contender per round")
-    p.add_argument("--rounds", type=int, default=5)
-    p.add_argument("--seconds", type=float, default=3.0, help="at most this long per contender per round")
+    p.add_argument("--steps", type=int, default=500, help="batches per contender per round")
+    p.add_argument("--rounds", type=int, default=15)
+    p.add_argument("--seconds", type=float, default=1.0, help="at most this long per contender per round")
     p.add_argument("--work", default="/tmp/portable_loader_bench", help="where built caches are kept between runs")
     p.add_argument("--tokenizer", default=os.path.join(DATA, "tokenizers", "phi-3-mini"))
     args = add_output_args(p, "loader").parse_args()
