@@ -79,3 +79,14 @@ def test_a_reopened_source_starts_with_an_empty_memo_and_the_same_budget(caches)
     fresh = src.reopen()
     assert src._memo and not fresh._memo and fresh.memo_bytes == 5000
     assert [as_tuple(r) for r in fresh[0:40]] == caches[1][:40]
+
+
+def test_what_lengths_or_prefetch_read_is_served_without_touching_the_shards(caches):
+    opened = pl.open_cache(caches[0]["array_record"])
+    src = ArrayRecordCacheSource(opened.path, opened.manifest)
+    src.prefetch([3, 77, 149])
+    assert src.lengths([5, 3]).tolist() == [len(caches[1][5][0]), len(caches[1][3][0])]
+    src._readers = []  # any read from a shard now fails
+    assert [as_tuple(r) for r in src[[149, 5, 3, 77]]] == [caches[1][i] for i in (149, 5, 3, 77)]
+    with pytest.raises(IndexError):
+        src[[4]]
