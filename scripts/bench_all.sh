@@ -4,16 +4,18 @@
 #
 #   scripts/bench_all.sh                 # all of them, default sizes (tens of minutes on 2 cores)
 #   scripts/bench_all.sh loader sampler  # only these
-#   QUICK=1 scripts/bench_all.sh         # small sizes: checks every script end to end in minutes
+#   QUICK=1 scripts/bench_all.sh         # small sizes, into /tmp/portable_loader_bench_quick: a check
+#   OUT=dir scripts/bench_all.sh         # write the CSV, SVG and logs to dir instead of docs/bench
 #
 # Any new scripts/bench_NAME.py is picked up; extra arguments for one go in BENCH_ARGS_NAME.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PY:-.venv/bin/python}
-mkdir -p docs/bench
-"$PY" -c 'import sys; sys.path.insert(0, "scripts"); import benchlib; print(benchlib.machine_report(), end="")' > docs/bench/machine.txt
-echo "date: $(date -u +%Y-%m-%dT%H:%MZ)" >> docs/bench/machine.txt
-echo "commit: $(git rev-parse --short HEAD 2>/dev/null || echo unknown)" >> docs/bench/machine.txt
+if [ -n "${QUICK:-}" ]; then OUT=${OUT:-/tmp/portable_loader_bench_quick}; else OUT=${OUT:-docs/bench}; fi
+mkdir -p "$OUT"
+"$PY" -c 'import sys; sys.path.insert(0, "scripts"); import benchlib; print(benchlib.machine_report(), end="")' > "$OUT/machine.txt"
+echo "date: $(date -u +%Y-%m-%dT%H:%MZ)" >> "$OUT/machine.txt"
+echo "commit: $(git rev-parse --short HEAD 2>/dev/null || echo unknown)" >> "$OUT/machine.txt"
 
 declare -A QUICK_ARGS=(
   [sampler]="--sizes 1000000 --grain-calls 20000 --batch 100000"
@@ -31,6 +33,6 @@ for name in "${names[@]}"; do
   [ -n "${QUICK:-}" ] && extra="${QUICK_ARGS[$name]:-} $extra"
   echo "== bench_${name}.py ${extra}"
   # shellcheck disable=SC2086
-  "$PY" "scripts/bench_${name}.py" --csv "docs/bench/${name}.csv" --svg "docs/bench/${name}.svg" $extra \
-    2>&1 | tee "docs/bench/${name}.log"
+  "$PY" "scripts/bench_${name}.py" --csv "$OUT/${name}.csv" --svg "$OUT/${name}.svg" $extra \
+    2>&1 | tee "$OUT/${name}.log"
 done
