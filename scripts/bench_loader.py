@@ -10,6 +10,8 @@ Shuffled global batches of 8 x 2048, in one process, no workers. Padded (one rec
   (c) portable_loader on the Arrow cache
   (d) torch DataLoader over datasets.load_from_disk (numpy format) with a RandomSampler
   (e) the ceiling: a raw numpy memmap gather of random records into a preallocated batch
+(a) also runs with the source's ``prefetch`` hook called 64 steps ahead, and over a copy of the
+ArrayRecord files written uncompressed (the cache writer uses zstd).
 Packed (records first-fit into rows of 2048): portable_loader on both backends against Grain's
 FirstFitPackIterDataset (8 bins) over MapDataset.source().shuffle() of the same ArrayRecord files.
 Every contender runs ``--steps`` batches in each of ``--rounds`` interleaved rounds (the machine may
@@ -48,13 +50,16 @@ def build_caches(work: str, records: int, tokenizer: str) -> dict:
     Kept in ``work``: a later run with the same ``records`` reuses what a finished build left.
     """
     paths = {b: os.path.join(work, b) for b in ("arrow", "array_record")}
+    paths["array_record_uncompressed"] = os.path.join(work, "array_record_uncompressed")
     if all(os.path.exists(os.path.join(p, "manifest.json")) for p in paths.values()):
+        return paths
+    if all(os.path.exists(os.path.join(paths[b], "manifest.json")) for b in ("arrow", "array_record")):
+        uncompressed_copy(paths["array_record"], paths["array_record_uncompressed"])
         return paths
     base = pl.open_cache(pl.precache(os.path.join(DATA, "alpaca", "llamafactory_alpaca_en_demo.json"),
                                      tokenizer=tokenizer, format="alpaca", out=os.path.join(work, "base"),
                                      max_length=S))
     recs = base.__getitems__(range(len(base)))
-    paths = {}
     for backend in ("arrow", "array_record"):
         path = os.path.join(work, backend)
         os.makedirs(path, exist_ok=True)
@@ -69,8 +74,31 @@ def build_caches(work: str, records: int, tokenizer: str) -> dict:
         counts = {"rows_in": records, "rows_out": records, "dropped": {}, "truncated": 0, "tokens": 0, "trainable_tokens": 0}
         write_manifest(path, {"format_version": FORMAT_VERSION, "backend": backend, "key": backend.ljust(64, "0"),
                               "counts": counts, "content_checksum": "", "shards": shards})
-        paths[backend] = path
+    uncompressed_copy(paths["array_record"], paths["array_record_uncompressed"])
     return paths
+
+
+def uncompressed_copy(src: str, dst: str) -> None:
+    """The same records in ArrayRecord shards written without compression (the writer uses zstd)."""
+    import hashlib
+    import json
+
+    from array_record.python.array_record_module import ArrayRecordReader, ArrayRecordWriter
+
+    os.makedirs(dst, exist_ok=True)
+    manifest = json.load(open(os.path.join(src, "manifest.json")))
+    manifest.pop("checksum")
+    for shard in manifest["shards"]:
+        reader = ArrayRecordReader(os.path.join(src, shard["file"]), "readahead_buffer_size:0")
+        writer = ArrayRecordWriter(os.path.join(dst, shard["file"]), "group_size:1,uncompressed")
+        for raw in reader.read(0, shard["rows"]):
+            writer.write(raw)
+        writer.close()
+        reader.close()
+        with open(os.path.join(dst, shard["file"]), "rb") as f:
+            data = f.read()
+        shard.update(bytes=len(data), sha256=hashlib.sha256(data).hexdigest())
+    write_manifest(dst, manifest)
 
 
 def forever(make):
@@ -275,6 +303,7 @@ def rss_over_epoch(path: str, records: int) -> dict:
 PADDED = {
     "(a) portable_loader, ArrayRecord": lambda p, w: ours(p["array_record"]),
     "(a) portable_loader, ArrayRecord, prefetch 64 steps": lambda p, w: ours_readahead(p["array_record"], 64),
+    "(a) portable_loader, ArrayRecord written uncompressed": lambda p, w: ours(p["array_record_uncompressed"]),
     "(b) Grain MapDataset, same ArrayRecord": lambda p, w: grain_mapdataset(p["array_record"]),
     "(b) grain.DataLoader + IndexSampler, same ArrayRecord": lambda p, w: grain_dataloader(p["array_record"]),
     "(c) portable_loader, Arrow": lambda p, w: ours(p["arrow"]),
@@ -284,6 +313,7 @@ PADDED = {
 PACKED = {
     "portable_loader packed, Arrow": lambda p, w: ours(p["arrow"], packing=True),
     "portable_loader packed, ArrayRecord": lambda p, w: ours(p["array_record"], packing=True),
+    "portable_loader packed, ArrayRecord written uncompressed": lambda p, w: ours(p["array_record_uncompressed"], packing=True),
     "Grain FirstFitPackIterDataset, same ArrayRecord": lambda p, w: grain_first_fit(p["array_record"]),
 }
 
@@ -327,7 +357,9 @@ def main() -> None:
         "padded ArrayRecord with prefetch / Grain MapDataset": ratio("(a) portable_loader, ArrayRecord, prefetch 64 steps", "(b) Grain MapDataset, same ArrayRecord"),
         "padded ArrayRecord / grain.DataLoader": ratio("(a) portable_loader, ArrayRecord", "(b) grain.DataLoader + IndexSampler, same ArrayRecord"),
         "padded Arrow / memmap ceiling": ratio("(c) portable_loader, Arrow", "(e) ceiling: numpy memmap gather"),
+        "padded ArrayRecord uncompressed / Arrow": ratio("(a) portable_loader, ArrayRecord written uncompressed", "(c) portable_loader, Arrow"),
         "packed ArrayRecord / packed Arrow": ratio("portable_loader packed, ArrayRecord", "portable_loader packed, Arrow"),
+        "packed ArrayRecord uncompressed / packed Arrow": ratio("portable_loader packed, ArrayRecord written uncompressed", "portable_loader packed, Arrow"),
         "packed Arrow / Grain FirstFitPack": ratio("portable_loader packed, Arrow", "Grain FirstFitPackIterDataset, same ArrayRecord"),
         "packed ArrayRecord / Grain FirstFitPack": ratio("portable_loader packed, ArrayRecord", "Grain FirstFitPackIterDataset, same ArrayRecord"),
     }
