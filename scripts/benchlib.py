@@ -64,6 +64,12 @@ def add_output_args(parser: argparse.ArgumentParser, name: str) -> argparse.Argu
     return parser
 
 
+def _shown(path: str) -> str:
+    """``path`` relative to the repository when inside it: logs are committed beside the tables."""
+    rel = os.path.relpath(os.path.abspath(path), ROOT)
+    return path if rel.startswith("..") else rel
+
+
 def write_table(args, header: list[str], rows: list[list]) -> None:
     if args.csv == "-":
         return
@@ -73,7 +79,7 @@ def write_table(args, header: list[str], rows: list[list]) -> None:
         w.writerow(header)
         for row in rows:
             w.writerow([f"{x:.6g}" if isinstance(x, float) else x for x in row])
-    print(f"wrote {args.csv}")
+    print(f"wrote {_shown(args.csv)}")
 
 
 def _figure(height: float):
@@ -92,7 +98,7 @@ def _save(args, plt, fig, ax, title: str) -> None:
     os.makedirs(os.path.dirname(os.path.abspath(args.svg)), exist_ok=True)
     fig.savefig(args.svg, format="svg", metadata={"Date": None})
     plt.close(fig)
-    print(f"wrote {args.svg}")
+    print(f"wrote {_shown(args.svg)}")
 
 
 def bar_svg(args, title: str, labels: list[str], values: list[float], xlabel: str, highlight=(), log=False) -> None:
