@@ -20,7 +20,7 @@ import jax.numpy as jnp
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from bench_sampler import machine  # noqa: E402
+from benchlib import add_output_args, grouped_svg, machine, write_table  # noqa: E402
 
 import portable_loader as pl  # noqa: E402
 from portable_loader.adapters.jax import JaxLoader  # noqa: E402
@@ -62,7 +62,7 @@ def main() -> None:
     p.add_argument("--batch", type=int, default=64)
     p.add_argument("--seq-len", type=int, default=2048)
     p.add_argument("--cache-dir", default="portable_loader_cache")
-    args = p.parse_args()
+    args = add_output_args(p, "jax").parse_args()
     cache = pl.precache(**sample_args(), out=args.cache_dir)
     loader = pl.DataLoader(pl.open_cache(cache), global_batch_size=args.batch, seq_len=args.seq_len, seed=0,
                            packing=True, prefetch=0)
@@ -72,6 +72,7 @@ def main() -> None:
     print(f"load into device arrays alone: {load * 1e3:.1f} ms per batch ({1 / load:,.0f} batches/s)\n")
     print("| step cost | no prefetch ms/step | prefetch=2 ms/step | ideal max(step, load) | prefetch vs none |")
     print("|---|---|---|---|---|")
+    rows = []
     for ms in (0.5 * load * 1e3, load * 1e3, 2 * load * 1e3):
         step = make_step(args.step, ms)
         t = time.perf_counter()
@@ -82,6 +83,13 @@ def main() -> None:
         ahead = per_step(loader, 2, step, args.steps) * 1e3
         print(f"| {step_ms:.1f} ms | {none:.1f} | {ahead:.1f} | {max(step_ms, load * 1e3):.1f} | {none / ahead:.2f}x |",
               flush=True)
+        rows.append([jax.devices()[0].platform, args.step, step_ms, load * 1e3, none, ahead, max(step_ms, load * 1e3), none / ahead])
+    write_table(args, ["platform", "step_kind", "step_ms", "load_ms", "no_prefetch_ms_per_step", "prefetch2_ms_per_step",
+                       "ideal_ms_per_step", "speedup"], rows)
+    grouped_svg(args, f"JaxLoader ms per step, {args.batch}x{args.seq_len} packed, step = {args.step}",
+                [f"step {r[2]:.0f} ms" for r in rows],
+                {"no prefetch": [r[4] for r in rows], "prefetch=2": [r[5] for r in rows], "ideal max(step, load)": [r[6] for r in rows]},
+                "ms per step (lower is better)")
 
 
 if __name__ == "__main__":

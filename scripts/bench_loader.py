@@ -1,25 +1,30 @@
 """Benchmark: the DataLoader against Grain, torch+datasets and a raw memmap gather, on one cache.
 
     python scripts/bench_loader.py                  # 200k records (real alpaca tokens, repeated)
-    python scripts/bench_loader.py --records 50000 --steps 500
+    python scripts/bench_loader.py --records 20000 --steps 300 --rounds 3
 
-Shuffled global batches of 8 x 2048 (padding mode, one record per row), in one process, no workers:
+Shuffled global batches of 8 x 2048, in one process, no workers. Padded (one record per row):
   (a) portable_loader on the ArrayRecord cache
   (b) Grain on the same ArrayRecord files: MapDataset.source().shuffle().map(pad).batch(), and
       grain.DataLoader with an IndexSampler
-  (c) portable_loader on the Arrow cache (and packed, for reference)
+  (c) portable_loader on the Arrow cache
   (d) torch DataLoader over datasets.load_from_disk (numpy format) with a RandomSampler
   (e) the ceiling: a raw numpy memmap gather of random records into a preallocated batch
-Then: time to the first batch after set_state at step 0 and at step 10**6, and RSS over an epoch.
+(a) also runs with the source's ``prefetch`` hook called 64 steps ahead, and over a copy of the
+ArrayRecord files written uncompressed (the cache writer uses zstd).
+Packed (records first-fit into rows of 2048): portable_loader on both backends against Grain's
+FirstFitPackIterDataset (8 bins) over MapDataset.source().shuffle() of the same ArrayRecord files.
+Every contender runs ``--steps`` batches in each of ``--rounds`` interleaved rounds (the machine may
+be shared); the table holds medians, so ratios compare runs of the same moment. Then: time to the
+first batch after set_state at step 0 and at step 10**6, and RSS over an epoch. The built caches are
+kept under ``--work`` (keyed by ``--records``) and reused by the next run.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
-import shutil
 import sys
-import tempfile
 import time
 
 import numpy as np
@@ -28,24 +33,36 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DATA = os.path.join(os.path.dirname(ROOT), "shared", "data")
 sys.path.insert(0, os.path.join(ROOT, "scripts"))
 
-from bench_sampler import machine  # noqa: E402
+from benchlib import add_output_args, bar_svg, machine, write_table  # noqa: E402
 
 import portable_loader as pl  # noqa: E402
 from portable_loader.cache import FORMAT_VERSION, ShardWriter, write_manifest  # noqa: E402
+from portable_loader.loader import build_batch  # noqa: E402
+from portable_loader.plan import Cursor  # noqa: E402
+from portable_loader.state import make_state  # noqa: E402
 
 B, S = 8, 2048
 
 
 def build_caches(work: str, records: int, tokenizer: str) -> dict:
-    """Tokenize the real alpaca demo once, then write ``records`` of its records to both backends."""
+    """Tokenize the real alpaca demo once, then write ``records`` of its records to both backends.
+
+    Kept in ``work``: a later run with the same ``records`` reuses what a finished build left.
+    """
+    paths = {b: os.path.join(work, b) for b in ("arrow", "array_record")}
+    paths["array_record_uncompressed"] = os.path.join(work, "array_record_uncompressed")
+    if all(os.path.exists(os.path.join(p, "manifest.json")) for p in paths.values()):
+        return paths
+    if all(os.path.exists(os.path.join(paths[b], "manifest.json")) for b in ("arrow", "array_record")):
+        uncompressed_copy(paths["array_record"], paths["array_record_uncompressed"])
+        return paths
     base = pl.open_cache(pl.precache(os.path.join(DATA, "alpaca", "llamafactory_alpaca_en_demo.json"),
                                      tokenizer=tokenizer, format="alpaca", out=os.path.join(work, "base"),
                                      max_length=S))
     recs = base.__getitems__(range(len(base)))
-    paths = {}
     for backend in ("arrow", "array_record"):
         path = os.path.join(work, backend)
-        os.makedirs(path)
+        os.makedirs(path, exist_ok=True)
         shards, per = [], -(-records // 4)
         for s in range(4):
             ext = "arrow" if backend == "arrow" else "array_record"
@@ -57,26 +74,80 @@ def build_caches(work: str, records: int, tokenizer: str) -> dict:
         counts = {"rows_in": records, "rows_out": records, "dropped": {}, "truncated": 0, "tokens": 0, "trainable_tokens": 0}
         write_manifest(path, {"format_version": FORMAT_VERSION, "backend": backend, "key": backend.ljust(64, "0"),
                               "counts": counts, "content_checksum": "", "shards": shards})
-        paths[backend] = path
+    uncompressed_copy(paths["array_record"], paths["array_record_uncompressed"])
     return paths
 
 
-def timed(batches, steps: int) -> tuple[float, float]:
-    """(batches/s, real tokens/s) over ``steps`` batches after one warm-up batch."""
-    first = next(batches)
-    del first
-    tokens = 0
+def uncompressed_copy(src: str, dst: str) -> None:
+    """The same records in ArrayRecord shards written without compression (the writer uses zstd)."""
+    import hashlib
+    import json
+
+    from array_record.python.array_record_module import ArrayRecordReader, ArrayRecordWriter
+
+    os.makedirs(dst, exist_ok=True)
+    manifest = json.load(open(os.path.join(src, "manifest.json")))
+    manifest.pop("checksum")
+    for shard in manifest["shards"]:
+        reader = ArrayRecordReader(os.path.join(src, shard["file"]), "readahead_buffer_size:0")
+        writer = ArrayRecordWriter(os.path.join(dst, shard["file"]), "group_size:1,uncompressed")
+        for raw in reader.read(0, shard["rows"]):
+            writer.write(raw)
+        writer.close()
+        reader.close()
+        with open(os.path.join(dst, shard["file"]), "rb") as f:
+            data = f.read()
+        shard.update(bytes=len(data), sha256=hashlib.sha256(data).hexdigest())
+    write_manifest(dst, manifest)
+
+
+def forever(make):
+    """Batches from ``make()``, started again whenever one pass ends, after one warm-up batch."""
+
+    def gen():
+        while True:
+            yield from make()
+
+    batches = gen()
+    next(batches)
+    return batches
+
+
+def timed(batches, steps: int, seconds: float) -> tuple[float, float]:
+    """(batches/s, real tokens/s) over the next ``steps`` batches, or fewer (5 at least) once
+    ``seconds`` have passed: slow contenders do not stretch a round."""
+    tokens, done = 0, 0
     t = time.perf_counter()
-    for _ in range(steps):
+    while done < steps and (done < 5 or time.perf_counter() - t < seconds):
         b = next(batches)
-        tokens += int(np.count_nonzero(b["loss_mask_tokens"] if "loss_mask_tokens" in b else b["segment_ids"]))
+        seg = b["segment_ids"] if "segment_ids" in b else b["input_ids_segment_ids"]
+        tokens += int(np.count_nonzero(seg))
+        done += 1
     dt = time.perf_counter() - t
-    return steps / dt, tokens / dt
+    return done / dt, tokens / dt
 
 
 def ours(path: str, packing: bool = False):
     loader = pl.DataLoader(pl.open_cache(path), global_batch_size=B, seq_len=S, seed=0, packing=packing, prefetch=0)
     return iter(loader)
+
+
+def ours_readahead(path: str, ahead: int):
+    """The inline engine plus the source's ``prefetch`` hook, called every ``ahead`` steps with the
+    records of the next ``ahead`` batches (``Planner.records`` is pure: no record is read to know
+    them). This is the call the loader's engine should make; it is here until the engine makes it."""
+    loader = pl.DataLoader(pl.open_cache(path), global_batch_size=B, seq_len=S, seed=0, prefetch=0)
+    planner, cursor = loader.planner(), Cursor(0, 0, 0)
+    prefetch = loader.source.cache.prefetch
+    while True:
+        if cursor.step % ahead == 0:
+            hi = (cursor.step + ahead) * B
+            prefetch(planner.records(cursor.step * B, hi if planner.total is None else min(hi, planner.total)))
+        planned = planner.step(cursor)
+        if planned is None:
+            return
+        rows, cursor = planned
+        yield build_batch(loader.source, loader.local_rows(rows), S, loader.pad_id)
 
 
 def _parse_pad(raw: bytes) -> dict:
@@ -102,6 +173,22 @@ def grain_mapdataset(path: str):
     source = grain.ArrayRecordDataSource(_ar_files(path))
     ds = grain.MapDataset.source(source).shuffle(seed=0).map(_parse_pad).batch(B)
     return (ds[i] for i in range(len(ds)))
+
+
+def _parse_cut(raw: bytes) -> dict:
+    n = len(raw) // 5
+    return {"input_ids": np.frombuffer(raw, np.int32, count=n)[:S], "loss_mask": np.frombuffer(raw, np.uint8, offset=4 * n)[:S]}
+
+
+def grain_first_fit(path: str):
+    """Grain's own packer: FirstFitPackIterDataset with one bin per row of the batch."""
+    import grain
+    from grain import experimental
+
+    source = grain.python.ArrayRecordDataSource(_ar_files(path))
+    ds = grain.MapDataset.source(source).shuffle(seed=0).map(_parse_cut).to_iter_dataset()
+    ds = experimental.FirstFitPackIterDataset(ds, length_struct={"input_ids": S, "loss_mask": S}, num_packing_bins=B, seed=0)
+    return iter(ds.batch(B))
 
 
 def grain_dataloader(path: str):
@@ -145,13 +232,17 @@ def memmap_ceiling(path: str, work: str):
     src = pl.open_cache(path)
     lengths = src.lengths(np.arange(len(src)))
     offsets = np.concatenate([[0], np.cumsum(lengths)])
-    flat_ids = np.lib.format.open_memmap(os.path.join(work, "ids.npy"), "w+", np.int32, (int(offsets[-1]),))
-    flat_mask = np.lib.format.open_memmap(os.path.join(work, "mask.npy"), "w+", np.uint8, (int(offsets[-1]),))
-    for i, r in enumerate(src.__getitems__(range(len(src)))):
-        flat_ids[offsets[i] : offsets[i + 1]] = r["input_ids"]
-        flat_mask[offsets[i] : offsets[i + 1]] = r["loss_mask"]
-    flat_ids.flush()
-    flat_mask.flush()
+    if not os.path.exists(os.path.join(work, "mask.npy")):
+        flat_ids = np.lib.format.open_memmap(os.path.join(work, "ids.tmp.npy"), "w+", np.int32, (int(offsets[-1]),))
+        flat_mask = np.lib.format.open_memmap(os.path.join(work, "mask.tmp.npy"), "w+", np.uint8, (int(offsets[-1]),))
+        for i, r in enumerate(src.__getitems__(range(len(src)))):
+            flat_ids[offsets[i] : offsets[i + 1]] = r["input_ids"]
+            flat_mask[offsets[i] : offsets[i + 1]] = r["loss_mask"]
+        flat_ids.flush()
+        flat_mask.flush()
+        del flat_ids, flat_mask
+        os.replace(os.path.join(work, "ids.tmp.npy"), os.path.join(work, "ids.npy"))
+        os.replace(os.path.join(work, "mask.tmp.npy"), os.path.join(work, "mask.npy"))
     ids_mm = np.load(os.path.join(work, "ids.npy"), mmap_mode="r")
     mask_mm = np.load(os.path.join(work, "mask.npy"), mmap_mode="r")
     rng = np.random.default_rng(0)
@@ -174,14 +265,13 @@ def memmap_ceiling(path: str, work: str):
 
 def time_to_first_batch(path: str, packing: bool) -> list[float]:
     loader = pl.DataLoader(pl.open_cache(path), global_batch_size=B, seq_len=S, seed=0, packing=packing, prefetch=0)
-    state = iter(loader).get_state()
     out = []
     for step in (0, 10**6):
         # In packing mode a step-10**6 cursor sits in window ~10**6 * B / 1024 * (rows per record).
-        s = dict(state, step=step, window=step * B // 200 if packing else 0, row=0)
+        state = make_state(loader, Cursor(step=step, window=step * B // 200 if packing else 0, row=0))
         it = iter(loader)
         t = time.perf_counter()
-        it.set_state(s)
+        it.set_state(state)
         next(it)
         out.append(time.perf_counter() - t)
     return out
@@ -210,48 +300,87 @@ def rss_over_epoch(path: str, records: int) -> dict:
     return {k: (start[k], end[k]) for k in start}
 
 
+PADDED = {
+    "(a) portable_loader, ArrayRecord": lambda p, w: ours(p["array_record"]),
+    "(a) portable_loader, ArrayRecord, prefetch 64 steps": lambda p, w: ours_readahead(p["array_record"], 64),
+    "(a) portable_loader, ArrayRecord written uncompressed": lambda p, w: ours(p["array_record_uncompressed"]),
+    "(b) Grain MapDataset, same ArrayRecord": lambda p, w: grain_mapdataset(p["array_record"]),
+    "(b) grain.DataLoader + IndexSampler, same ArrayRecord": lambda p, w: grain_dataloader(p["array_record"]),
+    "(c) portable_loader, Arrow": lambda p, w: ours(p["arrow"]),
+    "(d) torch DataLoader + datasets.load_from_disk": lambda p, w: torch_datasets(p["arrow"]),
+    "(e) ceiling: numpy memmap gather": lambda p, w: memmap_ceiling(p["arrow"], w),
+}
+PACKED = {
+    "portable_loader packed, Arrow": lambda p, w: ours(p["arrow"], packing=True),
+    "portable_loader packed, ArrayRecord": lambda p, w: ours(p["array_record"], packing=True),
+    "portable_loader packed, ArrayRecord written uncompressed": lambda p, w: ours(p["array_record_uncompressed"], packing=True),
+    "Grain FirstFitPackIterDataset, same ArrayRecord": lambda p, w: grain_first_fit(p["array_record"]),
+}
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--records", type=int, default=200_000)
-    p.add_argument("--steps", type=int, default=2000)
+    p.add_argument("--steps", type=int, default=500, help="batches per contender per round")
+    p.add_argument("--rounds", type=int, default=15)
+    p.add_argument("--seconds", type=float, default=1.0, help="at most this long per contender per round")
+    p.add_argument("--work", default="/tmp/portable_loader_bench", help="where built caches are kept between runs")
     p.add_argument("--tokenizer", default=os.path.join(DATA, "tokenizers", "phi-3-mini"))
-    args = p.parse_args()
-    print(f"machine: {machine()}; {args.records:,} records (real alpaca tokens); batches of {B}x{S}; {args.steps} steps each")
-    work = tempfile.mkdtemp(prefix="bench-loader-")
-    try:
-        paths = build_caches(work, args.records, args.tokenizer)
-        contenders = [
-            ("(a) portable_loader, ArrayRecord cache", lambda: ours(paths["array_record"])),
-            ("(b) Grain MapDataset, same ArrayRecord", lambda: grain_mapdataset(paths["array_record"])),
-            ("(b) grain.DataLoader + IndexSampler, same ArrayRecord", lambda: grain_dataloader(paths["array_record"])),
-            ("(c) portable_loader, Arrow cache", lambda: ours(paths["arrow"])),
-            ("(c) portable_loader, Arrow cache, packed", lambda: ours(paths["arrow"], packing=True)),
-            ("(d) torch DataLoader + datasets.load_from_disk", lambda: torch_datasets(paths["arrow"])),
-            ("(e) ceiling: numpy memmap gather", lambda: memmap_ceiling(paths["arrow"], work)),
-        ]
-        results = {}
-        for label, make in contenders:
-            results[label] = timed(make(), args.steps)
-            print(f"{label:55s} {results[label][0]:9,.0f} batches/s {results[label][1] / 1e6:8.1f} M tokens/s", flush=True)
-        ceiling = results["(e) ceiling: numpy memmap gather"][0]
-        grain_best = max(results["(b) Grain MapDataset, same ArrayRecord"][0],
-                         results["(b) grain.DataLoader + IndexSampler, same ArrayRecord"][0])
-        print()
-        print("| contender | batches/s | tokens/s | vs ceiling | portable_loader (same backend) vs it |")
-        print("|---|---|---|---|---|")
-        for label, (bps, tps) in results.items():
-            mine = results["(a) portable_loader, ArrayRecord cache"][0] if "ArrayRecord" in label else results["(c) portable_loader, Arrow cache"][0]
-            print(f"| {label} | {bps:,.0f} | {tps / 1e6:.1f} M | {bps / ceiling:.0%} | {mine / bps:.1f}x |")
-        print(f"\nportable_loader ArrayRecord vs best Grain: {results['(a) portable_loader, ArrayRecord cache'][0] / grain_best:.1f}x;"
-              f" Arrow vs memmap ceiling: {results['(c) portable_loader, Arrow cache'][0] / ceiling:.0%}")
-        for packing in (False, True):
-            t0, t1 = time_to_first_batch(paths["arrow"], packing)
-            print(f"first batch after set_state ({'packed' if packing else 'padded'}): step 0 {t0 * 1e3:.2f} ms, step 10^6 {t1 * 1e3:.2f} ms")
-        r = rss_over_epoch(paths["arrow"], args.records)
-        print(f"RSS over one epoch ({args.records:,} records, Arrow): anonymous {r['RssAnon'][0]:.0f} -> "
-              f"{r['RssAnon'][1]:.0f} MiB, file-backed (the memory map) {r['RssFile'][0]:.0f} -> {r['RssFile'][1]:.0f} MiB")
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
+    args = add_output_args(p, "loader").parse_args()
+    print(f"machine: {machine()}; {args.records:,} records (real alpaca tokens); batches of {B}x{S}; "
+          f"{args.rounds} interleaved rounds of {args.steps} steps (or {args.seconds:g} s) each, medians")
+    work = os.path.join(args.work, f"records-{args.records}")
+    os.makedirs(work, exist_ok=True)
+    paths = build_caches(work, args.records, args.tokenizer)
+    contenders = {**{(k, "padded"): v for k, v in PADDED.items()}, **{(k, "packed"): v for k, v in PACKED.items()}}
+    iters = {key: forever(lambda make=make: make(paths, work)) for key, make in contenders.items()}
+    runs: dict = {key: [] for key in contenders}
+    for r in range(args.rounds):
+        for key, batches in iters.items():
+            runs[key].append(timed(batches, args.steps, args.seconds))
+        print(f"round {r + 1}: " + ", ".join(f"{k[0].split(',')[0]} {runs[k][-1][0]:,.0f}" for k in runs), flush=True)
+    med = {key: (float(np.median([x[0] for x in v])), float(np.median([x[1] for x in v]))) for key, v in runs.items()}
+    ceiling = med[("(e) ceiling: numpy memmap gather", "padded")][0]
+    print("\n| mode | contender | batches/s | tokens/s | vs memmap ceiling |")
+    print("|---|---|---|---|---|")
+    for (label, mode), (b, t) in med.items():
+        print(f"| {mode} | {label} | {b:,.0f} | {t / 1e6:.1f} M | {b / ceiling:.0%} |")
+    def ratio(a: str, b: str) -> float:
+        """Median over rounds of a/b in the same round: the load on a shared machine changes slowly."""
+        (ka,), (kb,) = [[k for k in runs if k[0] == x] for x in (a, b)]
+        return float(np.median([x[0] / y[0] for x, y in zip(runs[ka], runs[kb])]))
+
+    ratios = {
+        "padded ArrayRecord / Arrow": ratio("(a) portable_loader, ArrayRecord", "(c) portable_loader, Arrow"),
+        "padded ArrayRecord with prefetch / Arrow": ratio("(a) portable_loader, ArrayRecord, prefetch 64 steps", "(c) portable_loader, Arrow"),
+        "padded ArrayRecord / Grain MapDataset": ratio("(a) portable_loader, ArrayRecord", "(b) Grain MapDataset, same ArrayRecord"),
+        "padded ArrayRecord with prefetch / Grain MapDataset": ratio("(a) portable_loader, ArrayRecord, prefetch 64 steps", "(b) Grain MapDataset, same ArrayRecord"),
+        "padded ArrayRecord / grain.DataLoader": ratio("(a) portable_loader, ArrayRecord", "(b) grain.DataLoader + IndexSampler, same ArrayRecord"),
+        "padded Arrow / memmap ceiling": ratio("(c) portable_loader, Arrow", "(e) ceiling: numpy memmap gather"),
+        "padded ArrayRecord uncompressed / Arrow": ratio("(a) portable_loader, ArrayRecord written uncompressed", "(c) portable_loader, Arrow"),
+        "packed ArrayRecord / packed Arrow": ratio("portable_loader packed, ArrayRecord", "portable_loader packed, Arrow"),
+        "packed ArrayRecord uncompressed / packed Arrow": ratio("portable_loader packed, ArrayRecord written uncompressed", "portable_loader packed, Arrow"),
+        "packed Arrow / Grain FirstFitPack": ratio("portable_loader packed, Arrow", "Grain FirstFitPackIterDataset, same ArrayRecord"),
+        "packed ArrayRecord / Grain FirstFitPack": ratio("portable_loader packed, ArrayRecord", "Grain FirstFitPackIterDataset, same ArrayRecord"),
+    }
+    print()
+    for name, value in ratios.items():
+        print(f"{name}: {value:.2f}x")
+    rows = [[mode, label, b, t, min(x[0] for x in runs[(label, mode)]), max(x[0] for x in runs[(label, mode)]),
+             args.records, args.rounds, args.steps] for (label, mode), (b, t) in med.items()]
+    rows += [["ratio", name, value, "", "", "", args.records, args.rounds, args.steps] for name, value in ratios.items()]
+    write_table(args, ["mode", "contender", "batches_per_s_median", "tokens_per_s_median", "batches_per_s_min",
+                       "batches_per_s_max", "records", "rounds", "steps_per_round"], rows)
+    labels = [f"{label} [{mode}]" for label, mode in med]
+    bar_svg(args, f"Shuffled {B}x{S} batches from {args.records:,} records, one process (median of {args.rounds} rounds)",
+            labels, [m[0] for m in med.values()], "batches/s (log scale)",
+            highlight=[lab for lab in labels if "portable_loader" in lab], log=True)
+    for packing in (False, True):
+        t0, t1 = time_to_first_batch(paths["arrow"], packing)
+        print(f"first batch after set_state ({'packed' if packing else 'padded'}): step 0 {t0 * 1e3:.2f} ms, step 10^6 {t1 * 1e3:.2f} ms")
+    r = rss_over_epoch(paths["arrow"], args.records)
+    print(f"RSS over one epoch ({args.records:,} records, Arrow): anonymous {r['RssAnon'][0]:.0f} -> "
+          f"{r['RssAnon'][1]:.0f} MiB, file-backed (the memory map) {r['RssFile'][0]:.0f} -> {r['RssFile'][1]:.0f} MiB")
 
 
 if __name__ == "__main__":

@@ -33,7 +33,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DATA = os.path.join(os.path.dirname(ROOT), "shared", "data")
 sys.path.insert(0, os.path.join(ROOT, "scripts"))
 
-from bench_sampler import machine  # noqa: E402
+from benchlib import add_output_args, bar_svg, machine, write_table  # noqa: E402
 
 import portable_loader as pl  # noqa: E402
 from portable_loader.cache import ShardWriter, write_manifest, FORMAT_VERSION  # noqa: E402
@@ -205,7 +205,7 @@ def main() -> None:
     p.add_argument("--workers", type=int, default=len(os.sched_getaffinity(0)))
     p.add_argument("--open-rows", type=int, default=1_000_000)
     p.add_argument("--skip-list", action="store_true", help="skip load_from_disk(...).to_list() (slow)")
-    args = p.parse_args()
+    args = add_output_args(p, "precache").parse_args()
     print(f"machine: {machine()}; {args.workers} workers; {args.rows:,} alpaca rows; tokenizer {os.path.basename(args.tokenizer)}")
     work = tempfile.mkdtemp(prefix="bench-precache-")
     try:
@@ -225,11 +225,14 @@ def main() -> None:
         print()
         print("| contender | rows/s | vs ceiling | precache vs it |")
         print("|---|---|---|---|")
-        for name, label in [("precache", "(a) precache"), ("datasets", "(b) `datasets` map + save_to_disk"),
-                            ("loop", "(c) single-process loop"), ("pool", "(d) pool, rows out and results back"),
-                            ("ceiling", "(e) ceiling: batch encoder, pre-rendered")]:
+        labels = [("precache", "(a) precache"), ("datasets", "(b) `datasets` map + save_to_disk"),
+                  ("loop", "(c) single-process loop"), ("pool", "(d) pool, rows out and results back"),
+                  ("ceiling", "(e) ceiling: batch encoder, pre-rendered")]
+        table = []
+        for name, label in labels:
             r = results[name]
             print(f"| {label} | {r:,.0f} | {r / results['ceiling']:.0%} | {results['precache'] / r:.2f}x |")
+            table.append(["tokenize", label, r, r / results["ceiling"], "", "", ""])
 
         big = make_big_cache(work, args.open_rows)
         print(f"\ncache hit on {args.open_rows:,} records (fresh process each; RSS growth in MiB):")
@@ -241,6 +244,11 @@ def main() -> None:
         print("|---|---|---|---|")
         for how, v in rows:
             print(f"| {how} | {v[0]:.3f} | {v[1]:.1f} MiB | {f'+{v[2]:.1f} MiB' if len(v) > 2 else '-'} |")
+            table.append([f"open {args.open_rows} records", how, "", "", v[0], v[1], v[2] if len(v) > 2 else ""])
+        write_table(args, ["kind", "contender", "rows_per_s", "vs_ceiling", "open_seconds", "rss_open_mib",
+                           "rss_after_reading_mib"], table)
+        bar_svg(args, f"Tokenizing {args.rows:,} alpaca rows ({args.workers} workers)", [lab for _, lab in labels],
+                [results[name] for name, _ in labels], "rows/s", highlight=["(a) precache"])
     finally:
         shutil.rmtree(work, ignore_errors=True)
 

@@ -12,27 +12,18 @@ Peak memory is measured with tracemalloc around the lookup itself (numpy reports
 from __future__ import annotations
 
 import argparse
-import platform
+import os
+import sys
 import time
 import tracemalloc
 
 import numpy as np
 
-from portable_loader import LCGSampler
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
+from benchlib import add_output_args, grouped_svg, machine, write_table  # noqa: E402
 
-def machine() -> str:
-    cpu = platform.processor() or "unknown cpu"
-    try:
-        for line in open("/proc/cpuinfo"):
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    import os
-
-    return f"{cpu}, {os.cpu_count()} cores, Python {platform.python_version()}, numpy {np.__version__}"
+from portable_loader import LCGSampler  # noqa: E402
 
 
 def best_of(fn, repeat: int) -> float:
@@ -93,7 +84,7 @@ def main() -> None:
     parser.add_argument("--perm-max", type=int, default=10**8, help="largest N for numpy.permutation")
     parser.add_argument("--repeat", type=int, default=5)
     parser.add_argument("--markdown", action="store_true", help="print a README table")
-    args = parser.parse_args()
+    args = add_output_args(parser, "sampler").parse_args()
 
     print(f"machine: {machine()}")
     rows = []
@@ -109,6 +100,13 @@ def main() -> None:
             f"  numpy.permutation {perm_txt}",
             flush=True,
         )
+    write_table(args, ["n", "lcg_lookups_per_s", "lcg_extra_peak_bytes", "grain_index_shuffle_lookups_per_s", "ratio",
+                       "numpy_permutation_build_s", "numpy_permutation_bytes"],
+                [[n, ours, ours_mem, grain, ours / grain, perm[0] if perm else "", perm[1] if perm else ""]
+                 for n, ours, ours_mem, grain, perm in rows])
+    grouped_svg(args, "Shuffled-index lookups per second", [f"N = {n:.0e}" for n, *_ in rows],
+                {"LCGSampler (vectorized)": [r[1] for r in rows], "Grain index_shuffle (per call)": [r[3] for r in rows]},
+                "lookups/s (log scale)", log=True)
     if args.markdown:
         print()
         print("| N | LCGSampler lookups/s | extra memory | Grain index_shuffle lookups/s | ratio | numpy.permutation |")

@@ -21,7 +21,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from bench_sampler import machine  # noqa: E402
+from benchlib import add_output_args, grouped_svg, machine, write_table  # noqa: E402
 
 import portable_loader as pl  # noqa: E402
 from portable_loader.adapters.torch import TorchLoader  # noqa: E402
@@ -72,7 +72,7 @@ def main() -> None:
     p.add_argument("--batch", type=int, default=64)
     p.add_argument("--seq-len", type=int, default=2048)
     p.add_argument("--cache-dir", default="portable_loader_cache")
-    args = p.parse_args()
+    args = add_output_args(p, "torch").parse_args()
     device = torch.device(args.device)
     if args.step == "matmul" and device.type == "cpu":
         # A CPU step on all cores leaves none for collation to overlap with (on 2 cores, async then
@@ -86,6 +86,7 @@ def main() -> None:
     print(f"collate alone (serial, no step): {collate * 1e3:.1f} ms per batch\n")
     print("| step cost | serial ms/step | async ms/step | ideal max(step, collate) | async vs serial |")
     print("|---|---|---|---|---|")
+    rows = []
     for ms in (0.5 * collate * 1e3, collate * 1e3, 2 * collate * 1e3):
         step = make_step(args.step, ms, device)
         t0 = time.perf_counter()
@@ -96,6 +97,13 @@ def main() -> None:
         overlapped = per_step(loader, device, True, step, args.steps) * 1e3
         ideal = max(step_ms, collate * 1e3)
         print(f"| {step_ms:.1f} ms | {serial:.1f} | {overlapped:.1f} | {ideal:.1f} | {serial / overlapped:.2f}x faster |", flush=True)
+        rows.append([device.type, args.step, step_ms, collate * 1e3, serial, overlapped, ideal, serial / overlapped])
+    write_table(args, ["device", "step_kind", "step_ms", "collate_ms", "serial_ms_per_step", "async_ms_per_step",
+                       "ideal_ms_per_step", "speedup"], rows)
+    grouped_svg(args, f"TorchLoader ms per step, {args.batch}x{args.seq_len} packed, step = {args.step} ({device.type})",
+                [f"step {r[2]:.0f} ms" for r in rows],
+                {"serial": [r[4] for r in rows], "async collation": [r[5] for r in rows], "ideal max(step, collate)": [r[6] for r in rows]},
+                "ms per step (lower is better)")
 
 
 if __name__ == "__main__":

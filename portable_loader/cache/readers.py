@@ -12,7 +12,11 @@ Example:
 
 from __future__ import annotations
 
+import bisect
 import os
+import sys
+import threading
+from collections import OrderedDict
 from typing import Sequence
 
 import numpy as np
@@ -42,6 +46,8 @@ class _CacheSource:
         """
         if isinstance(indices, range):
             indices = np.arange(indices.start, indices.stop, indices.step, dtype=np.int64)
+        elif isinstance(indices, list) and all(type(i) is int for i in indices):
+            indices = np.asarray(indices, dtype=np.int64).reshape(len(indices))  # skips a per-item ABC check
         elif not isinstance(indices, (list, tuple, np.ndarray, slice)):
             indices = [indices]
         try:
@@ -63,6 +69,18 @@ class _CacheSource:
         if isinstance(idx, int):
             return self.__getitems__([idx])[0]
         return self.__getitems__(idx)
+
+    def prefetch(self, indices: Sequence[int] | np.ndarray) -> None:
+        """A hint: ``__getitems__`` will soon ask for these records (say, the next steps' batches).
+
+        Optional for sources; a loader that knows its plan may call it ahead of the fetches.
+        Arrow shards are memory-mapped, so there is nothing to read ahead; indices are still checked.
+
+        Example:
+            >>> src.prefetch([7, 3, 9]); len(src[[7, 3]])   # doctest: +SKIP
+            2
+        """
+        self._indices(indices)
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.path!r}, records={self._len})"
@@ -128,9 +146,26 @@ class ArrowCacheSource(_CacheSource):
 
 
 class ArrayRecordCacheSource(_CacheSource):
-    """ArrayRecord shards (one record per chunk); batched reads go to each shard in one call."""
+    """ArrayRecord shards (one record per chunk), with a bounded memo of recent reads.
 
-    def __init__(self, path: str, manifest: dict):
+    Records are read one by one (``read(i, i + 1)``): a list read goes through the library's thread
+    pool, which on 2 shared cores costs twice as much per record for a batch of 8, and for a packing
+    window of 1,024 records 11-28 us a record against a steady 11 us. With 8 cores or more, calls of
+    ``bulk_min`` records or more use one list read per shard, which the pool runs in parallel.
+    Records that ``lengths`` or ``prefetch`` read are kept (FIFO, up to ``memo_bytes`` of payload), so
+    the batch a planner has just sized, or the steps a loader announced, are served without a read.
+
+    Example:
+        >>> src = open_cache(array_record_path)          # doctest: +SKIP
+        >>> src.lengths([4, 9]).tolist()       # reads records 4 and 9, and keeps them  # doctest: +SKIP
+        [212, 87]
+        >>> src[[4, 9]][0]["input_ids"].size             # served from the memo  # doctest: +SKIP
+        212
+    """
+
+    bulk_min = 64 if (os.cpu_count() or 1) >= 8 else sys.maxsize
+
+    def __init__(self, path: str, manifest: dict, memo_bytes: int = 64 << 20):
         from array_record.python.array_record_module import ArrayRecordReader
 
         super().__init__(path, manifest)
@@ -138,6 +173,11 @@ class ArrayRecordCacheSource(_CacheSource):
             ArrayRecordReader(os.path.join(path, s["file"]), "readahead_buffer_size:0")
             for s in manifest["shards"]
         ]
+        self._starts_list = self._shard_starts.tolist()
+        self.memo_bytes = int(memo_bytes)
+        self._memo: OrderedDict[int, bytes] = OrderedDict()
+        self._memo_size = 0
+        self._lock = threading.Lock()  # a prefetch thread and the caller may share one source
 
     @staticmethod
     def _decode(raw: bytes) -> dict:
@@ -147,27 +187,66 @@ class ArrayRecordCacheSource(_CacheSource):
             "loss_mask": np.frombuffer(raw, dtype=np.uint8, offset=4 * n),
         }
 
-    def __getitems__(self, indices: Sequence[int]) -> list[dict]:
-        idx = self._indices(indices)
+    def _read(self, idx: np.ndarray) -> list[bytes]:
+        """Raw records at global indices ``idx``, in order, straight from the shards."""
+        if idx.size < self.bulk_min:
+            starts, readers, out = self._starts_list, self._readers, []
+            for i in idx.tolist():
+                s = bisect.bisect_right(starts, i) - 1
+                out.extend(readers[s].read(i - starts[s], i - starts[s] + 1))
+            return out
         shard = np.searchsorted(self._shard_starts, idx, side="right") - 1
-        out: list = [None] * idx.size
+        local = idx - self._shard_starts[shard]
+        out = [None] * idx.size
         for s in np.unique(shard).tolist():
             where = np.flatnonzero(shard == s)
-            raws = self._readers[s].read((idx[where] - self._shard_starts[s]).tolist())
-            for w, raw in zip(where.tolist(), raws):
-                out[w] = self._decode(raw)
+            for w, raw in zip(where.tolist(), self._readers[s].read(local[where].tolist())):
+                out[w] = raw
         return out
 
+    def _raw(self, idx: np.ndarray, remember: bool) -> list[bytes]:
+        """Raw records, from the memo where it has them; ``remember`` keeps the ones read."""
+        keys = idx.tolist()
+        with self._lock:
+            raws = [self._memo.get(k) for k in keys] if self._memo else [None] * len(keys)
+        missing = [j for j, r in enumerate(raws) if r is None]
+        if missing:
+            for j, raw in zip(missing, self._read(idx[missing])):
+                raws[j] = raw
+            if remember:
+                self._remember([keys[j] for j in missing], [raws[j] for j in missing])
+        return raws
+
+    def _remember(self, keys: list[int], raws: list[bytes]) -> None:
+        with self._lock:
+            for k, raw in zip(keys, raws):
+                if k not in self._memo:
+                    self._memo[k] = raw
+                    self._memo_size += len(raw)
+            while self._memo_size > self.memo_bytes and self._memo:
+                self._memo_size -= len(self._memo.popitem(last=False)[1])
+
+    def __getitems__(self, indices: Sequence[int]) -> list[dict]:
+        return [self._decode(raw) for raw in self._raw(self._indices(indices), remember=False)]
+
     def lengths(self, indices: Sequence[int] | np.ndarray) -> np.ndarray:
-        return np.asarray([r["input_ids"].size for r in self.__getitems__(list(indices))], dtype=np.int64)
+        """Token counts; the records are read to know them, so they are kept for the fetch that follows."""
+        return np.asarray([len(raw) // 5 for raw in self._raw(self._indices(indices), remember=True)], dtype=np.int64)
+
+    def prefetch(self, indices: Sequence[int] | np.ndarray) -> None:
+        """Read records a later ``__getitems__`` will ask for, in one call (see :meth:`_CacheSource.prefetch`)."""
+        self._raw(self._indices(indices), remember=True)
 
     def reopen(self) -> "ArrayRecordCacheSource":
-        """A fresh instance with its own readers (what a forked worker needs)."""
-        return ArrayRecordCacheSource(self.path, self.manifest)
+        """A fresh instance with its own readers and an empty memo (what a forked worker needs)."""
+        return ArrayRecordCacheSource(self.path, self.manifest, self.memo_bytes)
 
     def close(self) -> None:
         for r in self._readers:
             r.close()
+        with self._lock:
+            self._memo.clear()
+            self._memo_size = 0
 
 
 def open_cache(path: str, verify: bool = False):

@@ -1,0 +1,92 @@
+"""Cache readers under any mix of lengths / prefetch / batched reads: every record equals the one the
+formatter produced (the oracle), whatever the memo holds, evicts or serves; both backends."""
+
+import json
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import portable_loader as pl
+from conftest import GPT2, need
+from portable_loader.cache.readers import ArrayRecordCacheSource
+from portable_loader.tokenize import Formatter, load_tokenizer
+
+N_ROWS = 150
+
+
+@pytest.fixture(scope="module")
+def caches(tmp_path_factory):
+    """The same rows cached in 3 shards with each backend, plus the formatter's records."""
+    base = tmp_path_factory.mktemp("readers")
+    data = base / "rows.jsonl"
+    rows = [{"text": f"record {i} " + "word " * (i % 13)} for i in range(N_ROWS)]
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    expected = [(ids.tolist(), mask.tolist()) for ids, mask in Formatter("text", load_tokenizer(need(GPT2))).encode(rows)]
+    paths = {b: pl.precache(data, tokenizer=GPT2, format="text", out=base, num_workers=3, backend=b)
+             for b in ("arrow", "array_record")}
+    return paths, expected
+
+
+def as_tuple(record):
+    return record["input_ids"].tolist(), record["loss_mask"].tolist()
+
+
+# Short and long lists, runs across shard borders and repeats all occur.
+indices = st.one_of(
+    st.lists(st.integers(0, N_ROWS - 1), max_size=20),
+    st.builds(lambda a, n: list(range(a, min(N_ROWS, a + n))), st.integers(0, N_ROWS - 1), st.integers(1, 60)),
+    st.lists(st.integers(0, N_ROWS - 1), min_size=64, max_size=200),
+)
+ops = st.lists(st.tuples(st.sampled_from(["read", "lengths", "prefetch"]), indices), min_size=1, max_size=12)
+
+
+@pytest.mark.parametrize("backend", ["arrow", "array_record"])
+@settings(max_examples=60, deadline=None)
+@given(ops=ops, memo_bytes=st.sampled_from([0, 300, 3000, 1 << 20]), bulk_min=st.sampled_from([1, 64, 10**9]))
+def test_reads_match_the_oracle_whatever_the_memo_holds(caches, backend, ops, memo_bytes, bulk_min):
+    paths, expected = caches
+    src = pl.open_cache(paths[backend])
+    if backend == "array_record":
+        src = ArrayRecordCacheSource(src.path, src.manifest, memo_bytes=memo_bytes)
+        src.bulk_min = bulk_min  # list reads (per shard) from this many records, single reads below
+    for op, idx in ops:
+        if op == "read":
+            assert [as_tuple(r) for r in src.__getitems__(idx)] == [expected[i] for i in idx]
+        elif op == "lengths":
+            assert src.lengths(idx).tolist() == [len(expected[i][0]) for i in idx]
+        else:
+            assert src.prefetch(idx) is None
+        if backend == "array_record":
+            assert src._memo_size <= max(memo_bytes, 0) and src._memo_size == sum(map(len, src._memo.values()))
+    assert [as_tuple(r) for r in src[0:N_ROWS]] == expected
+
+
+@pytest.mark.parametrize("backend", ["arrow", "array_record"])
+def test_prefetch_checks_its_indices(caches, backend):
+    src = pl.open_cache(caches[0][backend])
+    with pytest.raises(IndexError, match=f"out of range for a dataset of {N_ROWS} records"):
+        src.prefetch([0, N_ROWS])
+    with pytest.raises(TypeError, match="dataset indices must be integers"):
+        src.prefetch([1.0])
+
+
+def test_a_reopened_source_starts_with_an_empty_memo_and_the_same_budget(caches):
+    opened = pl.open_cache(caches[0]["array_record"])
+    src = ArrayRecordCacheSource(opened.path, opened.manifest, memo_bytes=5000)
+    src.prefetch(range(40))
+    fresh = src.reopen()
+    assert src._memo and not fresh._memo and fresh.memo_bytes == 5000
+    assert [as_tuple(r) for r in fresh[0:40]] == caches[1][:40]
+
+
+def test_what_lengths_or_prefetch_read_is_served_without_touching_the_shards(caches):
+    opened = pl.open_cache(caches[0]["array_record"])
+    src = ArrayRecordCacheSource(opened.path, opened.manifest)
+    src.prefetch([3, 77, 149])
+    assert src.lengths([5, 3]).tolist() == [len(caches[1][5][0]), len(caches[1][3][0])]
+    src._readers = []  # any read from a shard now fails
+    assert [as_tuple(r) for r in src[[149, 5, 3, 77]]] == [caches[1][i] for i in (149, 5, 3, 77)]
+    with pytest.raises(IndexError):
+        src[[4]]
