@@ -28,8 +28,9 @@ from typing import Any, Iterator, Sequence
 
 import numpy as np
 
-from portable_loader.collate import OVERLONG, collate
+from portable_loader.collate import OVERLONG
 from portable_loader.dataset import source as as_dataset
+from portable_loader.engine import InlineEngine, build_batch, start
 from portable_loader.lifecycle import Closing, close_at_exit
 from portable_loader.plan import Cursor, Planner
 from portable_loader.sampler import LCGSampler
@@ -42,19 +43,8 @@ def _source_identity(source) -> str:
     return source.fingerprint()
 
 
-def _fetch(source, indices: list[int]) -> list:
-    return list(source.__getitems__(indices))
-
-
 def _lengths(source, indices: np.ndarray) -> np.ndarray:
     return np.asarray(source.lengths(indices), dtype=np.int64)
-
-
-def build_batch(source, rows, seq_len: int, pad_id: int) -> dict[str, np.ndarray]:
-    """Fetch the records a row plan names (one batched read) and collate them."""
-    wanted = sorted({piece[0] for row in rows for piece in row})
-    records = dict(zip(wanted, _fetch(source, wanted)))
-    return collate(rows, records, seq_len, pad_id)
 
 
 def _overlong_policy(overlong: str, source, packing: bool) -> str:
@@ -262,13 +252,7 @@ class LoaderIterator(Closing, Iterator[dict]):
     # --- iteration ----------------------------------------------------------------------------
 
     def _start(self):
-        from portable_loader.workers import ProcessEngine, thread_engine
-
-        if self.loader.num_workers > 0:
-            return ProcessEngine(self.loader, self._planner, self._cursor)
-        if self.loader.prefetch > 0:
-            return thread_engine(self.loader, self._planner, self._cursor)
-        return InlineEngine(self.loader, self._planner, self._cursor)
+        return start(self.loader, self._planner, self._cursor)
 
     def __next__(self) -> dict[str, np.ndarray]:
         if self._engine is None:
@@ -317,20 +301,3 @@ class LoaderIterator(Closing, Iterator[dict]):
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.set_state(state)
 
-
-class InlineEngine:
-    """No prefetch: plan, fetch and collate in the caller's thread."""
-
-    def __init__(self, loader: DataLoader, planner: Planner, cursor: Cursor):
-        self.loader, self.planner, self.cursor = loader, planner, cursor
-
-    def next(self) -> tuple[dict, Cursor]:
-        planned = self.planner.step(self.cursor)
-        if planned is None:
-            raise StopIteration
-        rows, self.cursor = planned
-        batch = build_batch(self.loader.source, self.loader.local_rows(rows), self.loader.seq_len, self.loader.pad_id)
-        return batch, self.cursor
-
-    def close(self) -> None:
-        pass

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 import portable_loader as pl
 from portable_loader.sampler import LCGSampler
-from portable_loader.workers import WorkerError
+from portable_loader.engine import WorkerError
 
 TOKEN_BASE = 10_000  # record r's tokens are r*TOKEN_BASE + 0, 1, 2, ...: every token is unique
 

@@ -1,0 +1,53 @@
+"""The inline engine: plan, fetch and collate a step in the calling thread.
+
+``build_batch`` is the one function every engine (inline, prefetch thread, worker process) runs
+to turn a row plan into a batch, so the engine never changes what a batch holds.
+
+Example:
+    >>> from portable_loader.dataset import source
+    >>> src = source([{"input_ids": np.arange(3, dtype=np.int32)}])
+    >>> build_batch(src, [[(0, 0, 4)]], seq_len=4, pad_id=0)["input_ids"].tolist()
+    [[0, 1, 2, 0]]
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from portable_loader.collate import collate
+from portable_loader.plan import Cursor, Planner
+
+__all__ = ["InlineEngine", "build_batch"]
+
+
+def build_batch(source, rows, seq_len: int, pad_id: int) -> dict[str, np.ndarray]:
+    """Fetch the records a row plan names (one batched read) and collate them."""
+    wanted = sorted({piece[0] for row in rows for piece in row})
+    records = dict(zip(wanted, source.__getitems__(wanted)))
+    return collate(rows, records, seq_len, pad_id)
+
+
+class InlineEngine:
+    """No prefetch: plan, fetch and collate in the caller's thread.
+
+    ``loader`` is a ``DataLoader`` (anything with ``source``, ``seq_len``, ``pad_id`` and
+    ``local_rows``); ``next()`` returns ``(batch, cursor after it)``.
+
+    Example:
+        >>> engine = InlineEngine(loader, loader.planner(), Cursor(0, 0, 0))   # doctest: +SKIP
+        >>> batch, cursor = engine.next()                                      # doctest: +SKIP
+    """
+
+    def __init__(self, loader, planner: Planner, cursor: Cursor):
+        self.loader, self.planner, self.cursor = loader, planner, cursor
+
+    def next(self) -> tuple[dict, Cursor]:
+        planned = self.planner.step(self.cursor)
+        if planned is None:
+            raise StopIteration
+        rows, self.cursor = planned
+        batch = build_batch(self.loader.source, self.loader.local_rows(rows), self.loader.seq_len, self.loader.pad_id)
+        return batch, self.cursor
+
+    def close(self) -> None:
+        pass

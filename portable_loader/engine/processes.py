@@ -1,0 +1,194 @@
+"""Worker processes that fetch and collate planned rows.
+
+The caller's thread plans every step; workers receive row plans that are
+already fixed, so they cannot change the order. Step ``s`` goes to worker ``s % W`` and comes back on
+that worker's own queue, so results are consumed in step order without any reordering buffer.
+A worker's exception reaches the caller with the worker's traceback; a worker that dies is reported
+instead of waited for; ``close()`` ends every thread and process (SIGKILL if need be), and a worker
+whose parent died without closing it ends by itself (see ``_worker_main``).
+
+Example:
+    >>> loader = DataLoader(src, global_batch_size=8, seq_len=128, num_workers=2)  # doctest: +SKIP
+    >>> with iter(loader) as it:                                                  # doctest: +SKIP
+    ...     next(it)
+"""
+
+from __future__ import annotations
+
+import ctypes
+import multiprocessing as mp
+import os
+import queue
+import signal
+import sys
+import threading
+import time
+import traceback
+
+from portable_loader.cache import pid_alive
+from portable_loader.engine.inline import build_batch
+from portable_loader.engine.threads import WorkerError
+from portable_loader.lifecycle import hook_last
+from portable_loader.plan import Cursor, Planner
+
+__all__ = ["ProcessEngine"]
+
+_POLL_S = 0.2
+_WORKER_JOIN_S = 2.0  # per stage of a worker's end: after the stop message, then after SIGTERM
+_PR_SET_PDEATHSIG = 1  # from <linux/prctl.h>
+# Signals a scheduler or a parent sends to end a process. A forked worker inherits the parent's
+# handlers for them, Python's and C's alike: jax.distributed installs a C++ SIGTERM handler (its
+# preemption notice) that swallows the signal, so multiprocessing's exit-time terminate() would
+# not end the worker and its join (no timeout) would hang the parent forever.
+_RESET_SIGNALS = [getattr(signal, n) for n in ("SIGTERM", "SIGHUP", "SIGQUIT", "SIGUSR1", "SIGUSR2")
+                  if hasattr(signal, n)]
+
+
+def _die_with_forking_thread() -> bool:
+    """Linux: have the kernel SIGKILL this process when the thread that forked it ends."""
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        return libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) == 0
+    except (OSError, AttributeError):
+        return False
+
+
+def _worker_main(index: int, loader, inbox, outbox, parent: int, forked_from_main: bool) -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's: it closes the workers
+    for sig in _RESET_SIGNALS:
+        signal.signal(sig, signal.SIG_DFL)
+    # A parent killed by SIGKILL, or one that exits through os._exit, runs no hook and never sends
+    # the stop message: the worker must notice by itself, or it blocks on its inbox forever (an
+    # orphan of PID 1 holding the parent's pipes open). PDEATHSIG is immediate, but it fires when
+    # the *thread* that forked us ends, not the process: it is only safe when that thread is the
+    # main thread (a prefetch thread that forks the workers may end long before the loader does).
+    # Otherwise, and off Linux, the inbox wait below checks every _POLL_S that the parent lives.
+    if forked_from_main:
+        _die_with_forking_thread()
+    try:
+        if os.getppid() != parent:  # it died before we got here
+            return
+        source = loader.source
+        reopen = getattr(source, "reopen", None)
+        if reopen is not None:
+            source = reopen()  # file handles and reader threads do not survive fork: open our own
+        while True:
+            try:
+                task = inbox.get(timeout=_POLL_S)
+            except queue.Empty:
+                if os.getppid() != parent:  # re-parented: ours is gone
+                    return
+                continue
+            if task is None:
+                return
+            step, rows = task
+            try:
+                outbox.put((step, "ok", build_batch(source, rows, loader.seq_len, loader.pad_id)))
+            except BaseException as e:  # noqa: BLE001
+                text = "".join(traceback.format_exception(e))
+                outbox.put((step, "error", f"{type(e).__name__} in loader worker {index} (pid {os.getpid()}):\n{text}"))
+    finally:
+        outbox.cancel_join_thread()  # nobody may read what is still buffered: do not wait on it
+
+
+def _join_all(procs, seconds: float) -> None:
+    deadline = time.monotonic() + seconds
+    for p in procs:
+        p.join(timeout=max(0.0, deadline - time.monotonic()))
+
+
+def _end_processes(procs) -> None:
+    """Join ``procs`` (already sent their stop message); SIGTERM those still running, then SIGKILL.
+
+    SIGTERM can still fail (a worker stuck in C code, or one whose handler a library replaced
+    between fork and our reset), so SIGKILL ends it: a close never waits forever.
+    """
+    _join_all(procs, _WORKER_JOIN_S)
+    for stop in ("terminate", "kill"):
+        alive = [p for p in procs if p.is_alive()]
+        for p in alive:
+            getattr(p, stop)()
+        _join_all(alive, _WORKER_JOIN_S)
+
+
+class ProcessEngine:
+    """``num_workers`` processes fetch and collate; the caller's thread plans and reads in order."""
+
+    def __init__(self, loader, planner: Planner, cursor: Cursor):
+        ctx = mp.get_context("fork" if "fork" in mp.get_all_start_methods() else "spawn")
+        self._loader, self._planner = loader, planner
+        self._plan_cursor = cursor  # where the next step to hand out starts
+        self._sent: list = []  # cursor after each step handed out and not yet consumed
+        self._ended = False
+        n = loader.num_workers
+        hook_last()
+        from_main = threading.current_thread() is threading.main_thread()
+        self._inboxes = [ctx.Queue() for _ in range(n)]
+        self._outboxes = [ctx.Queue() for _ in range(n)]
+        self._procs = [
+            ctx.Process(target=_worker_main,
+                        args=(i, loader, self._inboxes[i], self._outboxes[i], os.getpid(), from_main),
+                        name=f"portable_loader-worker-{i}", daemon=True)
+            for i in range(n)
+        ]
+        for p in self._procs:
+            p.start()
+        self._depth = n * max(1, loader.prefetch)
+        self._fill()
+
+    def _fill(self) -> None:
+        while not self._ended and len(self._sent) < self._depth:
+            planned = self._planner.step(self._plan_cursor)
+            if planned is None:
+                self._ended = True
+                return
+            rows, self._plan_cursor = planned
+            step = self._plan_cursor.step - 1
+            self._inboxes[step % len(self._procs)].put((step, self._loader.local_rows(rows)))
+            self._sent.append(self._plan_cursor)
+
+    def next(self):
+        if not self._sent:
+            raise StopIteration
+        cursor = self._sent.pop(0)
+        step = cursor.step - 1
+        worker = step % len(self._procs)
+        while True:
+            try:
+                got_step, kind, value = self._outboxes[worker].get(timeout=_POLL_S)
+                break
+            except queue.Empty:
+                proc = self._procs[worker]
+                # is_alive() stays True for a child someone else already reaped; its pid is gone then.
+                if not proc.is_alive() or not pid_alive(proc.pid):
+                    self.close()
+                    raise WorkerError(
+                        f"loader worker {worker} (pid {proc.pid}) exited unexpectedly with code {proc.exitcode}"
+                    ) from None
+        if kind == "error":
+            self.close()
+            raise WorkerError(value)
+        if got_step != step:  # cannot happen while each worker serves its steps in order
+            self.close()
+            raise WorkerError(f"loader worker {worker} returned step {got_step}, expected {step}")
+        self._fill()
+        return value, cursor
+
+    def close(self) -> None:
+        procs, self._procs = self._procs, []
+        for box in self._inboxes:
+            try:
+                box.put(None)
+            except (ValueError, OSError):
+                pass
+        _end_processes(procs)
+        for box in self._inboxes:
+            box.close()
+            box.cancel_join_thread()  # unsent plans of a stopped stream are not needed
+        for box in self._outboxes:
+            box.close()
+            box.join_thread()
+        self._inboxes, self._outboxes, self._sent = [], [], []
+        self._ended = True
