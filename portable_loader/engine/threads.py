@@ -12,7 +12,7 @@ Example:
 
 from __future__ import annotations
 
-import queue
+import collections
 import threading
 
 from portable_loader.engine.inline import InlineEngine
@@ -30,11 +30,20 @@ class WorkerError(RuntimeError):
 
 
 class Producer:
-    """Runs ``produce()`` in a daemon thread, keeping up to ``depth`` results ready.
+    """Keeps up to ``depth`` results of ``produce()`` ready, built by a daemon thread or by the caller.
 
     ``next()`` returns them in order, raises ``StopIteration`` once ``produce`` does (and keeps
     raising it), and re-raises ``produce``'s exception with its traceback. ``close()`` stops and
     joins the thread and drops results not taken.
+
+    Why the caller may build a result itself: a hand-off between threads costs a wake-up and a GIL
+    transfer (tens to hundreds of µs on a loaded machine), which is pure loss when the caller has
+    nothing else to do. So ``next()`` takes a ready result if there is one; if there is none and the
+    thread is not building one, the caller calls ``produce()`` itself (no hand-off at all); only
+    when the thread is midway through the very result the caller needs does the caller wait for it.
+    A trainer whose step releases the GIL (a CUDA launch, an XLA call, numpy) finds results ready;
+    a loop with no step runs at the inline speed. One lock serializes ``produce()``, so results come
+    in ``produce`` order whichever thread built them.
 
     Example:
         >>> it = iter(range(3))
@@ -46,43 +55,60 @@ class Producer:
 
     def __init__(self, produce, depth: int, name: str = "portable_loader-producer"):
         hook_last()
-        self._q: queue.Queue = queue.Queue(maxsize=max(1, depth))
+        self._produce = produce
+        self._depth = max(1, depth)
+        self._ready: collections.deque = collections.deque()  # (kind, value); append/popleft are atomic
+        self._building = threading.Lock()  # held while produce() runs, by either thread
+        self._space = threading.Event()  # set when the caller took a result (room to build another)
         self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, args=(produce,), name=name, daemon=True)
+        self._ended: tuple | None = None  # ("end", None) or ("error", e) once produce stopped
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._thread.start()
 
-    def _put(self, item) -> bool:
-        while not self._stop.is_set():
-            try:
-                self._q.put(item, timeout=_POLL_S)
-                return True
-            except queue.Full:
-                continue
-        return False
-
-    def _run(self, produce) -> None:
+    def _build(self) -> tuple:
+        """Run ``produce()`` once; the caller holds ``_building`` and no result is pending."""
         try:
-            while not self._stop.is_set():
-                try:
-                    item = produce()
-                except StopIteration:
-                    self._put(("end", None))
-                    return
-                if not self._put(("ok", item)):
-                    return
+            return ("ok", self._produce())
+        except StopIteration:
+            self._ended = ("end", None)
         except BaseException as e:  # noqa: BLE001 - handed to the consumer as is
-            self._put(("error", e))
+            self._ended = ("error", e)
+        return self._ended
+
+    def _run(self) -> None:
+        while not self._stop.is_set() and self._ended is None:
+            if len(self._ready) >= self._depth:
+                self._space.wait(_POLL_S)
+                self._space.clear()
+                continue
+            with self._building:
+                if self._ended is None and not self._stop.is_set() and len(self._ready) < self._depth:
+                    self._ready.append(self._build())
 
     def next(self):
         while True:
-            try:
-                kind, value = self._q.get(timeout=_POLL_S)
+            if self._ready:
+                kind, value = self._ready.popleft()
+                self._space.set()
                 break
-            except queue.Empty:
+            if self._ended is not None:
+                kind, value = self._ended
+                break
+            if self._building.acquire(blocking=False):
+                try:
+                    if self._ready or self._ended is not None:
+                        continue  # the thread finished one between our check and the lock
+                    kind, value = self._build()
+                finally:
+                    self._building.release()
+                break
+            # The thread is building the result we need: wait for it, not for a poll interval.
+            if not self._building.acquire(timeout=_POLL_S):
                 if not self._thread.is_alive():
                     raise WorkerError("the background thread stopped without a result") from None
+                continue
+            self._building.release()
         if kind == "end":
-            self._put(("end", None))  # stay ended
             raise StopIteration
         if kind == "error":
             raise value
@@ -90,12 +116,9 @@ class Producer:
 
     def close(self) -> None:
         self._stop.set()
+        self._space.set()
         self._thread.join(timeout=_JOIN_S)
-        while True:
-            try:
-                self._q.get_nowait()
-            except queue.Empty:
-                break
+        self._ready.clear()
 
 
 def thread_engine(loader, planner: Planner, cursor: Cursor) -> Producer:
