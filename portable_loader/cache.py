@@ -258,6 +258,10 @@ class _CacheSource:
         The rule of :func:`parse_index` (so ``[1.0]`` or ``["3"]`` is a ``TypeError``), plus a
         ``range`` or a single integer, which batched readers pass.
         """
+        if type(indices) is np.ndarray and indices.dtype == np.int64 and indices.ndim == 1:
+            # The loader's own reads (already int64): two reductions instead of a per-element check.
+            if not indices.size or (indices.min() >= 0 and indices.max() < self._len):
+                return indices
         if isinstance(indices, range):
             indices = np.arange(indices.start, indices.stop, indices.step, dtype=np.int64)
         elif not isinstance(indices, (list, tuple, np.ndarray, slice)):
@@ -284,6 +288,9 @@ class _CacheSource:
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.path!r}, records={self._len})"
+
+
+_FEW_LENGTHS = 64
 
 
 def _view(array, dtype) -> np.ndarray:
@@ -327,16 +334,20 @@ class ArrowCacheSource(_CacheSource):
         segs = np.searchsorted(self._seg_starts, idx, side="right") - 1
         local = idx - self._seg_starts[segs]
         out = []
+        all_offsets, all_ids, all_mask = self._offsets, self._ids, self._mask
         for seg, j in zip(segs.tolist(), local.tolist()):
-            offsets = self._offsets[seg]
-            a, b = int(offsets[j]), int(offsets[j + 1])
-            out.append({"input_ids": self._ids[seg][a:b], "loss_mask": self._mask[seg][a:b]})
+            a, b = all_offsets[seg][j : j + 2].tolist()
+            out.append({"input_ids": all_ids[seg][a:b], "loss_mask": all_mask[seg][a:b]})
         return out
 
     def lengths(self, indices: Sequence[int] | np.ndarray) -> np.ndarray:
         """Token counts of records, vectorized (what a packer needs before it reads anything)."""
         idx = self._indices(indices)
         seg = np.searchsorted(self._seg_starts, idx, side="right") - 1
+        if idx.size <= _FEW_LENGTHS:  # a padded step's few records: a loop beats np.unique's setup
+            offsets = self._offsets
+            local = (idx - self._seg_starts[seg]).tolist()
+            return np.array([offsets[s][j + 1] - offsets[s][j] for s, j in zip(seg.tolist(), local)], dtype=np.int64)
         out = np.empty(idx.shape, dtype=np.int64)
         for s in np.unique(seg).tolist():
             sel = seg == s

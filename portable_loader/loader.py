@@ -28,7 +28,7 @@ from typing import Any, Iterator, Sequence
 
 import numpy as np
 
-from portable_loader.collate import OVERLONG
+from portable_loader.collate import FIELDS, OVERLONG, PADDED_FIELDS, check_fields
 from portable_loader.dataset import source as as_dataset
 from portable_loader.engine import InlineEngine, build_batch, start
 from portable_loader.lifecycle import Closing, close_at_exit
@@ -71,7 +71,10 @@ class DataLoader:
     optionally ``loss_mask``). Each host gets rows ``[k*B/K, (k+1)*B/K)`` of every global batch.
     ``overlong`` says what a record longer than ``seq_len`` becomes: ``"split"`` (packing only),
     ``"truncate"``, ``"drop"``, or ``"auto"``: split for a ``text`` cache when packing, truncate
-    otherwise (alpaca/chat records never leave a response tail without its prompt). See docs/loader.md.
+    otherwise (alpaca/chat records never leave a response tail without its prompt). ``fields``: what
+    a batch holds, from ``collate.FIELDS``; by default ``input_ids``, ``loss_mask``,
+    ``attention_mask``, plus ``segment_ids`` and ``positions`` when packing (docs/performance.md).
+    See docs/loader.md.
 
     Example:
         >>> loader = DataLoader(open_cache(path), global_batch_size=64, seq_len=2048, seed=0,
@@ -97,6 +100,7 @@ class DataLoader:
         packing_window: int = 1024,
         pad_id: int = 0,
         overlong: str = "auto",
+        fields: Sequence[str] | None = None,
     ):
         for name, value, low in (
             ("global_batch_size", global_batch_size, 1), ("seq_len", seq_len, 1), ("num_workers", num_workers, 0),
@@ -123,6 +127,8 @@ class DataLoader:
         self.shard_index, self.shard_count = int(shard_index), int(shard_count)
         self.packing_window, self.pad_id = int(packing_window), int(pad_id)
         self.overlong = _overlong_policy(overlong, source, self.packing)
+        # Not part of the config: the fields a batch carries never change the stream or the state.
+        self.fields = check_fields(fields) if fields is not None else FIELDS if self.packing else PADDED_FIELDS
         self.sampler = LCGSampler(len(source), seed=self.seed, shuffle=self.shuffle, num_epochs=num_epochs)
         self.config = {
             "source": _source_identity(source),
@@ -148,7 +154,7 @@ class DataLoader:
             self.source, global_batch_size=self.global_batch_size, seq_len=self.seq_len, seed=self.seed,
             packing=self.packing, shuffle=self.shuffle, num_epochs=self.num_epochs, num_workers=self.num_workers,
             prefetch=self.prefetch, shard_index=shard_index, shard_count=shard_count,
-            packing_window=self.packing_window, pad_id=self.pad_id, overlong=self.overlong,
+            packing_window=self.packing_window, pad_id=self.pad_id, overlong=self.overlong, fields=self.fields,
         )
 
     @property
@@ -268,8 +274,9 @@ class LoaderIterator(Closing, Iterator[dict]):
         for policy, count in self._planner.counts.pop(cursor.step - 1, {}).items():
             if self._overlong[policy] is not None:
                 self._overlong[policy] = None if count is None else self._overlong[policy] + count
-        self._tokens += int(np.count_nonzero(batch["segment_ids"]))
-        self._slots += batch["segment_ids"].size
+        real = batch["attention_mask"] if "attention_mask" in batch else batch["segment_ids"]
+        self._tokens += int(np.count_nonzero(real))
+        self._slots += real.size
         return batch
 
     def __iter__(self):

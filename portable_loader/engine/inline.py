@@ -14,24 +14,24 @@ from __future__ import annotations
 
 import numpy as np
 
-from portable_loader.collate import collate
+from portable_loader.collate import FIELDS, collate
 from portable_loader.plan import Cursor, Planner
 
 __all__ = ["InlineEngine", "build_batch"]
 
 
-def build_batch(source, rows, seq_len: int, pad_id: int) -> dict[str, np.ndarray]:
-    """Fetch the records a row plan names (one batched read) and collate them."""
+def build_batch(source, rows, seq_len: int, pad_id: int, fields=FIELDS) -> dict[str, np.ndarray]:
+    """Fetch the records a row plan names (one batched read) and collate ``fields`` of them."""
     wanted = sorted({piece[0] for row in rows for piece in row})
-    records = dict(zip(wanted, source.__getitems__(wanted)))
-    return collate(rows, records, seq_len, pad_id)
+    records = dict(zip(wanted, source.__getitems__(np.asarray(wanted, dtype=np.int64))))
+    return collate(rows, records, seq_len, pad_id, fields)
 
 
 class InlineEngine:
     """No prefetch: plan, fetch and collate in the caller's thread.
 
-    ``loader`` is a ``DataLoader`` (anything with ``source``, ``seq_len``, ``pad_id`` and
-    ``local_rows``); ``next()`` returns ``(batch, cursor after it)``.
+    ``loader`` is a ``DataLoader`` (anything with ``source``, ``seq_len``, ``pad_id``, ``fields``
+    and ``local_rows``); ``next()`` returns ``(batch, cursor after it)``.
 
     Example:
         >>> engine = InlineEngine(loader, loader.planner(), Cursor(0, 0, 0))   # doctest: +SKIP
@@ -46,7 +46,8 @@ class InlineEngine:
         if planned is None:
             raise StopIteration
         rows, self.cursor = planned
-        batch = build_batch(self.loader.source, self.loader.local_rows(rows), self.loader.seq_len, self.loader.pad_id)
+        loader = self.loader
+        batch = build_batch(loader.source, loader.local_rows(rows), loader.seq_len, loader.pad_id, loader.fields)
         return batch, self.cursor
 
     def close(self) -> None:

@@ -85,7 +85,7 @@ def _worker_main(index: int, loader, inbox, outbox, parent: int, forked_from_mai
                 return
             step, rows = task
             try:
-                outbox.put((step, "ok", build_batch(source, rows, loader.seq_len, loader.pad_id)))
+                outbox.put((step, "ok", build_batch(source, rows, loader.seq_len, loader.pad_id, loader.fields)))
             except BaseException as e:  # noqa: BLE001
                 text = "".join(traceback.format_exception(e))
                 outbox.put((step, "error", f"{type(e).__name__} in loader worker {index} (pid {os.getpid()}):\n{text}"))
