@@ -113,7 +113,8 @@ class TorchLoader(Closing):
         self.pin_memory = self.device.type == "cuda" if pin_memory is None else bool(pin_memory)
         self.hf_labels = bool(hf_labels)
         self._it = iter(self.loader)
-        self._state = self._it.get_state()  # of the batches handed to the trainer
+        # The state of the batches handed to the trainer, computed when asked for (state_later).
+        self._state = self._it.state_later()
         self._worker: _AsyncCollator | None = None
         # Holds no reference to self, so that the collator thread does not keep self alive either.
         self._convert = functools.partial(_to_torch, device=self.device, pin_memory=self.pin_memory,
@@ -128,7 +129,7 @@ class TorchLoader(Closing):
     def __next__(self) -> dict[str, torch.Tensor]:
         if not self.async_collation:
             batch = self._convert(next(self._it))
-            self._state = self._it.get_state()
+            self._state = self._it.state_later()
             return batch
         if self._worker is None:
             self._worker = _AsyncCollator(self._it, self._convert, self.device)
@@ -145,7 +146,7 @@ class TorchLoader(Closing):
         worker, self._worker = self._worker, None
         if worker is not None:
             worker.close()
-            self._it.set_state(self._state)
+            self._it.set_state(self._state())
         self._it.close()
 
     # --- state (torch Stateful) ----------------------------------------------------------------
@@ -156,7 +157,7 @@ class TorchLoader(Closing):
         One string leaf: ``torch.save`` and ``torch.distributed.checkpoint`` store it as is, on any
         world size (the state is global: every rank holds the same one).
         """
-        return {"portable_loader": json.dumps(self._state, sort_keys=True)}
+        return {"portable_loader": json.dumps(self._state(), sort_keys=True)}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Continue right after the saved batch; refuses a state of another source or config."""
@@ -168,7 +169,7 @@ class TorchLoader(Closing):
         if worker is not None:
             worker.close()
         self._it.set_state(state)
-        self._state = self._it.get_state()
+        self._state = self._it.state_later()
 
 
 def _to_torch(batch: dict[str, np.ndarray], *, device: torch.device, pin_memory: bool,
@@ -199,7 +200,7 @@ class _AsyncCollator:
 
         def produce():
             raw = next(it)
-            state = it.get_state()
+            state = it.state_later()
             if self.stream is None:
                 return convert(raw), None, state
             with torch.cuda.stream(self.stream):

@@ -22,9 +22,10 @@ Example:
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
-from typing import Any, Iterator, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 import numpy as np
 
@@ -292,7 +293,19 @@ class LoaderIterator(Closing, Iterator[dict]):
 
     def get_state(self) -> dict[str, Any]:
         """A small JSON-serializable dict: version, config fingerprint, stream position and a digest."""
-        return make_state(self.loader, self._cursor)
+        return self.state_later()()
+
+    def state_later(self) -> Callable[[], dict[str, Any]]:
+        """``get_state()`` as of now, computed only when called (its digest costs ~10 µs).
+
+        For adapters that must keep the state of every batch they hand out, and are asked for
+        few of them.
+
+        Example:
+            >>> later = it.state_later(); _ = next(it)   # doctest: +SKIP
+            >>> it2.set_state(later())                     # doctest: +SKIP
+        """
+        return functools.partial(make_state, self.loader, self._cursor)
 
     def set_state(self, state: dict[str, Any] | str | bytes) -> None:
         """Continue right after the batch the state was taken at; O(1) (packing: one window), no replay.

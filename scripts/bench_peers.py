@@ -15,7 +15,8 @@ figures are medians over rounds:
 * batches/s with no training step, with 0 and 2 workers, and main-thread CPU time per batch
   (``time.thread_time``: what the trainer's thread pays);
 * batches/s under a simulated training step (``--step-ms``, a sleep: the host waits on the GPU
-  and holds neither the GIL nor a core), against the bound 1 / max(step, collate);
+  and holds neither the GIL nor a core), as a fraction of the bound 1 / max(step, collate) with
+  the step as measured (a loaded machine oversleeps) and collate = 1 / (batches/s with no step);
 * resume: the time from a fresh loader plus its saved state at step ``--resume-step`` to the next
   batch, whether the next batches equal the uninterrupted run's, and whether the order of batches
   changes between 0 and 2 workers.
@@ -255,22 +256,24 @@ class LitData:
 # --- measurements ---------------------------------------------------------------------------------
 
 
-def throughput(lib, steps: int, step_s: float = 0.0) -> tuple[float, float]:
-    """(batches/s, main-thread CPU µs per batch) over ``steps`` batches after a warm-up."""
+def throughput(lib, steps: int, step_s: float = 0.0) -> tuple[float, float, float, float]:
+    """(batches/s, main-thread CPU µs per batch, mean measured step in s, real tokens per batch)."""
     it = lib.make()
+    slept = 0.0
     try:
-        for _ in range(50):
-            next(it)
+        tokens = np.mean([int(np.count_nonzero(np.asarray(next(it)["attention_mask"]))) for _ in range(50)])
         gc.collect()
         t, c = time.perf_counter(), time.thread_time()
         for _ in range(steps):
             next(it)
-            if step_s:
+            if step_s:  # measured: a loaded machine oversleeps, and the bound is the real step
+                s = time.perf_counter()
                 time.sleep(step_s)
+                slept += time.perf_counter() - s
         wall, cpu = time.perf_counter() - t, time.thread_time() - c
     finally:
         lib.close(it)
-    return steps / wall, cpu / steps * 1e6
+    return steps / wall, cpu / steps * 1e6, slept / steps, tokens
 
 
 def as_numpy(batch) -> dict:
@@ -369,29 +372,32 @@ def main() -> None:
     for rnd in range(args.rounds):
         for i, (name, config, mode, workers, lib) in enumerate(configs):
             steps = args.worker_steps if workers else args.steps
-            bps, cpu = throughput(lib, steps)
-            samples[i].append((bps, cpu))
+            bps, cpu, _, tokens = throughput(lib, steps)
+            samples[i].append((bps, cpu, tokens))
             print(f"round {rnd} {name:16s} {config:19s} {mode} w={workers}: {bps:8.0f} batches/s, "
-                  f"main thread {cpu:6.1f} µs/batch", flush=True)
+                  f"main thread {cpu:6.1f} µs/batch, {tokens:6.0f} tokens/batch", flush=True)
             if workers == 0 and mode == "padded":
-                sbps, _ = throughput(lib, max(100, steps // 10), args.step_ms / 1000)
-                stepped[i].append(sbps)
+                sbps, scpu, step, _ = throughput(lib, max(100, steps // 10), args.step_ms / 1000)
+                # Within 5% of 1 / max(step, collate) means collation is hidden under the step.
+                stepped[i].append((sbps, sbps * max(step, 1 / bps), scpu))
     rows = []
     for i, (name, config, mode, workers, lib) in enumerate(configs):
-        bps = statistics.median(s[0] for s in samples[i])
-        cpu = statistics.median(s[1] for s in samples[i])
-        collate_s = 1 / statistics.median(s[0] for s in samples[i])
-        bound = 1 / max(args.step_ms / 1000, collate_s)
+        st = stepped[i]
         rows.append({"loader": name, "config": config, "mode": mode, "workers": workers,
-                     "batches_per_s": round(bps), "main_cpu_us_per_batch": round(cpu, 1),
-                     "with_step_batches_per_s": round(statistics.median(stepped[i]), 1) if stepped[i] else "",
-                     "with_step_fraction_of_bound": round(statistics.median(stepped[i]) / bound, 3) if stepped[i] else ""})
+                     "batches_per_s": round(statistics.median(s[0] for s in samples[i])),
+                     "main_cpu_us_per_batch": round(statistics.median(s[1] for s in samples[i]), 1),
+                     "tokens_per_batch": round(statistics.median(s[2] for s in samples[i])),
+                     "with_step_batches_per_s": round(statistics.median(x[0] for x in st), 1) if st else "",
+                     "with_step_fraction_of_bound": round(statistics.median(x[1] for x in st), 3) if st else "",
+                     "with_step_main_cpu_us_per_batch": round(statistics.median(x[2] for x in st), 1) if st else ""})
     # Ratios against the peers, in the same run.
     for r in rows:
         peers = [p for p in rows if p["mode"] == r["mode"] and p["workers"] == r["workers"]]
         for peer in ("torchdata", "litdata"):
             theirs = [p["batches_per_s"] for p in peers if p["loader"] == peer]
             r[f"x_{peer}"] = round(r["batches_per_s"] / theirs[0], 2) if theirs else ""
+        # Packed batches differ in how full they are (the peers pack greedily and drop what does not fit).
+        r["tokens_per_s"] = round(r["batches_per_s"] * r["tokens_per_batch"])
     # Resume and worker-order checks, padded, once per library.
     for name, lib, lib2 in (
         ("portable_loader", Ours(cache, False, 0, 2), Ours(cache, False, 2, 2)),
