@@ -17,6 +17,7 @@ Example:
 
 from __future__ import annotations
 
+import bisect
 import hashlib
 import json
 import os
@@ -290,7 +291,7 @@ class _CacheSource:
         return f"{type(self).__name__}({self.path!r}, records={self._len})"
 
 
-_FEW_LENGTHS = 64
+_FEW = 64  # up to this many indices, plain Python loops beat vectorized numpy
 
 
 def _view(array, dtype) -> np.ndarray:
@@ -328,26 +329,48 @@ class ArrowCacheSource(_CacheSource):
             raise CacheError(f"{path}: shards hold {row} records, the manifest says {self._len}")
         # One entry per written batch (up to 65,536 records), never one per record.
         self._seg_starts = np.asarray(starts + [row], dtype=np.int64)
+        # The same, as Python ints: a loader step reads a few records, and for a few, bisect and
+        # memoryview reads (plain ints) cost less than the numpy calls' fixed price.
+        self._seg_list = starts + [row]
+        self._offsets_mv = [memoryview(o) for o in self._offsets]
+
+    def _locate(self, indices) -> tuple[list[int], list[int]]:
+        """(shard batch, row within it) of each index, as Python lists."""
+        if type(indices) is np.ndarray and indices.dtype == np.int64 and indices.ndim == 1 and indices.size <= _FEW:
+            idx = indices.tolist()  # the loader's own reads: checked in Python (numpy's min/max cost µs each)
+            if idx and (min(idx) < 0 or max(idx) >= self._len):
+                idx = self._indices(indices).tolist()  # negatives counted from the end; IndexError
+        else:
+            idx = self._indices(indices)
+            if idx.size > _FEW:
+                segs = np.searchsorted(self._seg_starts, idx, side="right") - 1
+                return segs.tolist(), (idx - self._seg_starts[segs]).tolist()
+            idx = idx.tolist()
+        starts, segs, local = self._seg_list, [], []
+        for i in idx:
+            s = bisect.bisect_right(starts, i) - 1
+            segs.append(s)
+            local.append(i - starts[s])
+        return segs, local
 
     def __getitems__(self, indices: Sequence[int]) -> list[dict]:
-        idx = self._indices(indices)
-        segs = np.searchsorted(self._seg_starts, idx, side="right") - 1
-        local = idx - self._seg_starts[segs]
         out = []
-        all_offsets, all_ids, all_mask = self._offsets, self._ids, self._mask
-        for seg, j in zip(segs.tolist(), local.tolist()):
-            a, b = all_offsets[seg][j : j + 2].tolist()
+        all_offsets, all_ids, all_mask = self._offsets_mv, self._ids, self._mask
+        for seg, j in zip(*self._locate(indices)):
+            offsets = all_offsets[seg]
+            a, b = offsets[j], offsets[j + 1]
             out.append({"input_ids": all_ids[seg][a:b], "loss_mask": all_mask[seg][a:b]})
         return out
 
     def lengths(self, indices: Sequence[int] | np.ndarray) -> np.ndarray:
         """Token counts of records, vectorized (what a packer needs before it reads anything)."""
+        if isinstance(indices, (list, tuple, np.ndarray)) and len(indices) <= _FEW:  # a padded step's few
+            # records: a loop beats np.unique's setup
+            offsets = self._offsets_mv
+            segs, local = self._locate(indices)
+            return np.array([offsets[s][j + 1] - offsets[s][j] for s, j in zip(segs, local)], dtype=np.int64)
         idx = self._indices(indices)
         seg = np.searchsorted(self._seg_starts, idx, side="right") - 1
-        if idx.size <= _FEW_LENGTHS:  # a padded step's few records: a loop beats np.unique's setup
-            offsets = self._offsets
-            local = (idx - self._seg_starts[seg]).tolist()
-            return np.array([offsets[s][j + 1] - offsets[s][j] for s, j in zip(seg.tolist(), local)], dtype=np.int64)
         out = np.empty(idx.shape, dtype=np.int64)
         for s in np.unique(seg).tolist():
             sel = seg == s
