@@ -84,7 +84,7 @@ def pack(record_indices: np.ndarray, lengths: np.ndarray, seq_len: int, overlong
     return rows
 
 
-_FEW_PIECES = 24  # below this, per-piece slice assignment beats the vectorized scatter's fixed cost
+_FEW_PIECES = 24  # below this, per-piece slice assignment beats the concatenations' fixed cost
 
 
 def check_fields(fields) -> tuple[str, ...]:
@@ -120,7 +120,7 @@ def collate(
     if sum(map(len, rows)) < _FEW_PIECES:
         row_len = _fill_each(out, rows, records)
     else:
-        row_len = _fill_scatter(out, rows, records, seq_len)
+        row_len = _fill_concat(out, rows, records)
     att = out.get("attention_mask")
     if att is not None:
         for r, length in enumerate(row_len):  # each row's tokens are a prefix of it
@@ -152,7 +152,7 @@ def _fill_each(out: dict, rows, records) -> list[int]:
     return row_len
 
 
-def _fill_scatter(out: dict, rows, records, seq_len: int) -> list[int]:
+def _fill_concat(out: dict, rows, records) -> list[int]:
     """The same as ``_fill_each`` with one concatenation per field and one slice per row and field.
 
     Each row's tokens are a prefix of the row, so the batch's real slots, read row by row, are the

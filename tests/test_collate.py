@@ -49,7 +49,7 @@ def test_collate_matches_token_by_token_reference_on_both_paths(batch, pad_id, s
     want = reference(rows, records, seq_len, pad_id)
     fields = ["input_ids", "attention_mask", *some]
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(C, "_FEW_PIECES", few)  # 0: always the scatter path; 10**6: always per piece
+        mp.setattr(C, "_FEW_PIECES", few)  # 0: always concatenations; 10**6: always per piece
         out = C.collate(rows, records, seq_len, pad_id, fields)
     assert set(out) == set(fields)
     for k in fields:

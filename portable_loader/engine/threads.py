@@ -1,6 +1,8 @@
 """The prefetch thread: one daemon thread runs a producer up to ``depth`` results ahead.
 
-``Producer`` is also what the torch and JAX adapters use for their own background collation.
+The caller builds a result itself whenever none is ready and the thread is idle, so prefetching
+never costs more than inline building (see ``Producer`` and docs/performance.md). ``Producer`` is
+also what the torch and JAX adapters use for their own background collation.
 
 Example:
     >>> it = iter(range(3))
@@ -22,6 +24,9 @@ from portable_loader.plan import Cursor, Planner
 __all__ = ["Producer", "WorkerError", "thread_engine"]
 
 _POLL_S = 0.2
+# How often an idle thread looks for room (a result taken wakes it at once): about the GIL's switch
+# interval, so a caller that starts to run steps finds results ready within a few ms.
+_IDLE_S = 0.005
 _JOIN_S = 5.0  # a producer thread finishing the batch in hand
 
 
@@ -77,13 +82,17 @@ class Producer:
 
     def _run(self) -> None:
         while not self._stop.is_set() and self._ended is None:
-            if len(self._ready) >= self._depth:
-                self._space.wait(_POLL_S)
-                self._space.clear()
+            # Never queue up behind the caller: if it is building, it is not busy elsewhere, and
+            # waiting on the lock would only hand the next result across threads.
+            if len(self._ready) < self._depth and self._building.acquire(blocking=False):
+                try:
+                    if self._ended is None and not self._stop.is_set() and len(self._ready) < self._depth:
+                        self._ready.append(self._build())
+                finally:
+                    self._building.release()
                 continue
-            with self._building:
-                if self._ended is None and not self._stop.is_set() and len(self._ready) < self._depth:
-                    self._ready.append(self._build())
+            self._space.wait(_IDLE_S)
+            self._space.clear()
 
     def next(self):
         while True:
