@@ -10,7 +10,7 @@ over the memory-mapped Arrow shards), and LitData's own optimized chunks. Every 
 shuffled 8 x 2048 batches holding the same fields: padded (``input_ids``, ``loss_mask``,
 ``attention_mask``) and packed (plus ``segment_ids`` and ``positions``; the peers pack each batch's
 records greedily in their ``collate_fn``, the way their users do). Rounds are interleaved and the
-figures are medians over rounds:
+figures are medians over rounds, and ratios the median of each round's ratio:
 
 * batches/s with no training step, with 0 and 2 workers, and main-thread CPU time per batch
   (``time.thread_time``: what the trainer's thread pays);
@@ -390,12 +390,13 @@ def main() -> None:
                      "with_step_batches_per_s": round(statistics.median(x[0] for x in st), 1) if st else "",
                      "with_step_fraction_of_bound": round(statistics.median(x[1] for x in st), 3) if st else "",
                      "with_step_main_cpu_us_per_batch": round(statistics.median(x[2] for x in st), 1) if st else ""})
-    # Ratios against the peers, in the same run.
-    for r in rows:
-        peers = [p for p in rows if p["mode"] == r["mode"] and p["workers"] == r["workers"]]
+    # Ratios against the peers: the median over rounds of each round's ratio (a round's loaders ran
+    # minutes apart at most, under the same load; the load between rounds drifts more).
+    for i, r in enumerate(rows):
         for peer in ("torchdata", "litdata"):
-            theirs = [p["batches_per_s"] for p in peers if p["loader"] == peer]
-            r[f"x_{peer}"] = round(r["batches_per_s"] / theirs[0], 2) if theirs else ""
+            j = [k for k, p in enumerate(rows) if p["loader"] == peer and p["mode"] == r["mode"]
+                 and p["workers"] == r["workers"]]
+            r[f"x_{peer}"] = round(statistics.median(a[0] / b[0] for a, b in zip(samples[i], samples[j[0]])), 2) if j else ""
         # Packed batches differ in how full they are (the peers pack greedily and drop what does not fit).
         r["tokens_per_s"] = round(r["batches_per_s"] * r["tokens_per_batch"])
     # Resume and worker-order checks, padded, once per library.
