@@ -69,7 +69,8 @@ def timed(batches, steps: int) -> tuple[float, float]:
     t = time.perf_counter()
     for _ in range(steps):
         b = next(batches)
-        tokens += int(np.count_nonzero(b["loss_mask_tokens"] if "loss_mask_tokens" in b else b["segment_ids"]))
+        real = b["attention_mask"] if "attention_mask" in b else b["segment_ids"]  # ours padded: no segment_ids
+        tokens += int(np.count_nonzero(real))
     dt = time.perf_counter() - t
     return steps / dt, tokens / dt
 
