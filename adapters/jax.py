@@ -34,7 +34,7 @@ from portable_loader.errors import StateError
 from portable_loader.lifecycle import Closing, close_at_exit
 from portable_loader.loader import DataLoader
 from portable_loader.state import parse_state
-from portable_loader.workers import Producer
+from portable_loader.engine import Producer
 
 __all__ = ["JaxLoader", "LoaderSave", "LoaderRestore", "LoaderCheckpointHandler"]
 

@@ -32,7 +32,7 @@ import torch
 from portable_loader.errors import StateError
 from portable_loader.lifecycle import Closing, close_at_exit
 from portable_loader.loader import DataLoader
-from portable_loader.workers import Producer
+from portable_loader.engine import Producer
 
 __all__ = ["TorchLoader", "hf_fields"]
 
@@ -46,23 +46,33 @@ def hf_fields(batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     ``labels``: ``input_ids`` where ``loss_mask``, else -100, and -100 at the first token of every
     packed document so that no document is trained to follow the one before it; ``attention_mask``:
     1 on real tokens; ``position_ids``: positions restarting per document (what flash-attention
-    models use to keep packed documents apart).
+    models use to keep packed documents apart). A padded batch without ``segment_ids`` and
+    ``positions`` (the default) holds one document per row: its positions are 0, 1, ... on the
+    row's real tokens.
 
     Example:
         >>> b = {"input_ids": np.array([[5, 6, 7, 0]]), "loss_mask": np.array([[1, 1, 1, 0]]),
         ...      "segment_ids": np.array([[1, 1, 2, 0]]), "positions": np.array([[0, 1, 0, 0]])}
         >>> hf_fields(b)["labels"].tolist()
         [[-100, 6, -100, -100]]
+        >>> hf_fields({"input_ids": np.array([[5, 6, 0]]), "loss_mask": np.array([[1, 1, 0]]),
+        ...            "attention_mask": np.array([[1, 1, 0]])})["position_ids"].tolist()
+        [[0, 1, 0]]
     """
     ids = batch["input_ids"].astype(np.int64)
-    real = batch["segment_ids"] > 0
-    first = real & (batch["positions"] == 0)
-    labels = np.where((batch["loss_mask"] > 0) & ~first, ids, IGNORE_INDEX)
+    real = batch["attention_mask"] > 0 if "attention_mask" in batch else batch["segment_ids"] > 0
+    if "positions" in batch:
+        positions = batch["positions"].astype(np.int64)
+    else:  # one document per row, its tokens a prefix of the row
+        positions = np.where(real, np.arange(ids.shape[-1], dtype=np.int64), 0)
+    first = real & (positions == 0)
+    mask = batch["loss_mask"] > 0 if "loss_mask" in batch else real
+    labels = np.where(mask & ~first, ids, IGNORE_INDEX)
     return {
         "input_ids": ids,
         "labels": labels,
         "attention_mask": real.astype(np.int64),
-        "position_ids": batch["positions"].astype(np.int64),
+        "position_ids": positions,
     }
 
 
@@ -105,7 +115,8 @@ class TorchLoader(Closing):
         self.pin_memory = self.device.type == "cuda" if pin_memory is None else bool(pin_memory)
         self.hf_labels = bool(hf_labels)
         self._it = iter(self.loader)
-        self._state = self._it.get_state()  # of the batches handed to the trainer
+        # The state of the batches handed to the trainer, computed when asked for (state_later).
+        self._state = self._it.state_later()
         self._worker: _AsyncCollator | None = None
         # Holds no reference to self, so that the collator thread does not keep self alive either.
         self._convert = functools.partial(_to_torch, device=self.device, pin_memory=self.pin_memory,
@@ -127,7 +138,7 @@ class TorchLoader(Closing):
     def __next__(self) -> dict[str, torch.Tensor]:
         if not self.async_collation:
             batch = self._convert(next(self._it))
-            self._state = self._it.get_state()
+            self._state = self._it.state_later()
             return batch
         if self._worker is None:
             self._worker = _AsyncCollator(self._it, self._convert, self.device)
@@ -144,7 +155,7 @@ class TorchLoader(Closing):
         worker, self._worker = self._worker, None
         if worker is not None:
             worker.close()
-            self._it.set_state(self._state)
+            self._it.set_state(self._state())
         self._it.close()
 
     # --- state (torch Stateful) ----------------------------------------------------------------
@@ -155,7 +166,7 @@ class TorchLoader(Closing):
         One string leaf: ``torch.save`` and ``torch.distributed.checkpoint`` store it as is, on any
         world size (the state is global: every rank holds the same one).
         """
-        return {"portable_loader": json.dumps(self._state, sort_keys=True)}
+        return {"portable_loader": json.dumps(self._state(), sort_keys=True)}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Continue right after the saved batch; refuses a state of another source or config."""
@@ -167,7 +178,7 @@ class TorchLoader(Closing):
         if worker is not None:
             worker.close()
         self._it.set_state(state)
-        self._state = self._it.get_state()
+        self._state = self._it.state_later()
 
 
 def _to_torch(batch: dict[str, np.ndarray], *, device: torch.device, pin_memory: bool,
@@ -198,7 +209,7 @@ class _AsyncCollator:
 
         def produce():
             raw = next(it)
-            state = it.get_state()
+            state = it.state_later()
             if self.stream is None:
                 return convert(raw), None, state
             with torch.cuda.stream(self.stream):

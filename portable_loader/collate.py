@@ -5,8 +5,12 @@ record (``end`` is cut to the record's length). ``pack`` turns a window of recor
 function of the records' lengths); ``collate`` turns row plans and fetched records into a batch:
 
 * ``input_ids`` int32, ``loss_mask`` uint8: the pieces' tokens and masks, back to back;
+* ``attention_mask`` uint8: 1 on real tokens, 0 on padding;
 * ``segment_ids`` int32: 1, 2, ... per piece in the row, 0 for padding;
 * ``positions`` int32: 0, 1, ... restarting at every piece, 0 for padding.
+
+``fields`` picks which of them a batch holds (each costs a fill): the loader asks for
+``PADDED_FIELDS`` when padding and all of ``FIELDS`` when packing, unless told otherwise.
 
 Example:
     >>> rows = pack(np.array([7, 8]), np.array([3, 2]), seq_len=4)
@@ -25,12 +29,15 @@ from typing import Mapping, Sequence
 
 import numpy as np
 
-__all__ = ["OVERLONG", "pack", "collate", "Piece"]
+__all__ = ["FIELDS", "OVERLONG", "PADDED_FIELDS", "Piece", "check_fields", "collate", "pack"]
 
 Piece = tuple  # (record_index, start, end)
 
 
 OVERLONG = ("split", "truncate", "drop")
+FIELDS = ("input_ids", "loss_mask", "attention_mask", "segment_ids", "positions")
+PADDED_FIELDS = ("input_ids", "loss_mask", "attention_mask")
+_CHECKED = {FIELDS, PADDED_FIELDS}  # already valid: skip the check on the hot path
 
 
 def pack(record_indices: np.ndarray, lengths: np.ndarray, seq_len: int, overlong: str = "split") -> list[list[Piece]]:
@@ -56,76 +63,130 @@ def pack(record_indices: np.ndarray, lengths: np.ndarray, seq_len: int, overlong
             continue
         for start in range(0, n, seq_len):
             pieces.append((idx, start, min(n, start + seq_len)))
-    sizes = np.fromiter((p[2] - p[1] for p in pieces), dtype=np.int64, count=len(pieces))
+    sizes = [p[2] - p[1] for p in pieces]
     rows: list[list[Piece]] = []
-    free: list[tuple[int, int]] = []  # (room left, row number), sorted
-    for i in np.argsort(-sizes, kind="stable").tolist():
-        size = int(sizes[i])
-        slot = bisect.bisect_left(free, (size, -1))
+    # Free rows as one sorted list of ints room << 32 | row: the same order as (room, row) tuples,
+    # compared several times faster. The first entry >= size << 32 is the row with the least room
+    # that fits, the lowest-numbered among equals.
+    free: list[int] = []
+    for i in np.argsort(-np.asarray(sizes, dtype=np.int64), kind="stable").tolist():
+        size = sizes[i]
+        slot = bisect.bisect_left(free, size << 32)
         if slot < len(free):
-            room, row = free.pop(slot)
+            key = free.pop(slot)
+            room, row = key >> 32, key & 0xFFFFFFFF
         else:
             room, row = seq_len, len(rows)
             rows.append([])
         rows[row].append(pieces[i])
-        if room - size > 0:
-            bisect.insort(free, (room - size, row))
+        if room > size:
+            bisect.insort(free, (room - size) << 32 | row)
     return rows
 
 
-_FEW_PIECES = 24  # below this, per-piece slice assignment beats the vectorized scatter's fixed cost
+_FEW_PIECES = 24  # below this, per-piece slice assignment beats the concatenations' fixed cost
+
+
+def check_fields(fields) -> tuple[str, ...]:
+    """``fields`` as a tuple in ``FIELDS`` order; ``ValueError`` naming what is wrong.
+
+    A batch always holds ``input_ids``, and ``attention_mask`` or ``segment_ids`` (what tells
+    real tokens from padding).
+
+    Example:
+        >>> check_fields(["positions", "input_ids", "segment_ids"])
+        ('input_ids', 'segment_ids', 'positions')
+    """
+    if isinstance(fields, str) or not all(isinstance(f, str) for f in fields):
+        raise ValueError(f"fields must be a list of names from {FIELDS}, got {fields!r}")
+    unknown = sorted(set(fields) - set(FIELDS))
+    if unknown:
+        raise ValueError(f"fields: unknown {unknown}; choose from {FIELDS}")
+    if "input_ids" not in fields or not {"attention_mask", "segment_ids"} & set(fields):
+        raise ValueError(f"fields must include 'input_ids' and 'attention_mask' or 'segment_ids', got {list(fields)}")
+    return tuple(f for f in FIELDS if f in fields)
 
 
 def collate(
-    rows: Sequence[Sequence[Piece]], records: Mapping[int, Mapping[str, np.ndarray]], seq_len: int, pad_id: int = 0
+    rows: Sequence[Sequence[Piece]], records: Mapping[int, Mapping[str, np.ndarray]], seq_len: int, pad_id: int = 0,
+    fields: Sequence[str] = FIELDS,
 ) -> dict[str, np.ndarray]:
-    """Fill one ``[len(rows), seq_len]`` batch; rows may be empty (all padding)."""
+    """Fill one ``[len(rows), seq_len]`` batch with ``fields``; rows may be empty (all padding)."""
+    fields = fields if type(fields) is tuple and fields in _CHECKED else check_fields(fields)
     n = len(rows)
-    out = {
-        "input_ids": np.full((n, seq_len), pad_id, dtype=np.int32),
-        "loss_mask": np.zeros((n, seq_len), dtype=np.uint8),
-        "segment_ids": np.zeros((n, seq_len), dtype=np.int32),
-        "positions": np.zeros((n, seq_len), dtype=np.int32),
-    }
-    pieces = []  # (row, segment, tokens, mask)
-    for r, row in enumerate(rows):
-        for segment, (idx, start, end) in enumerate(row, start=1):
-            record = records[idx]
-            tokens = record["input_ids"][start:end]  # end past the record's length: cut to it
-            rec_mask = record.get("loss_mask")
-            pieces.append((r, segment, tokens, np.ones(tokens.size, np.uint8) if rec_mask is None else rec_mask[start:end]))
-    if len(pieces) < _FEW_PIECES:
-        _fill_each(out, pieces)
-    elif pieces:
-        _fill_scatter(out, pieces, seq_len)
+    out = {"input_ids": np.full((n, seq_len), pad_id, dtype=np.int32)}
+    for name in fields[1:]:
+        out[name] = np.zeros((n, seq_len), dtype=np.int32 if name in ("segment_ids", "positions") else np.uint8)
+    if sum(map(len, rows)) < _FEW_PIECES:
+        row_len = _fill_each(out, rows, records)
+    else:
+        row_len = _fill_concat(out, rows, records)
+    att = out.get("attention_mask")
+    if att is not None:
+        for r, length in enumerate(row_len):  # each row's tokens are a prefix of it
+            att[r, :length] = 1  # (per row: a broadcast compare costs several times more)
     return out
 
 
-def _fill_each(out: dict, pieces: list) -> None:
-    at, last_row = 0, -1
-    for r, segment, tokens, mask in pieces:
-        at = 0 if r != last_row else at
-        last_row, size = r, tokens.size
-        out["input_ids"][r, at : at + size] = tokens
-        out["loss_mask"][r, at : at + size] = mask
-        out["segment_ids"][r, at : at + size] = segment
-        out["positions"][r, at : at + size] = np.arange(size, dtype=np.int32)
-        at += size
+def _fill_each(out: dict, rows, records) -> list[int]:
+    """Slice assignment per piece (few pieces: cheaper than any vectorized setup); each row's length."""
+    ids, lm = out["input_ids"], out.get("loss_mask")
+    seg, pos = out.get("segment_ids"), out.get("positions")
+    row_len = []
+    for r, row in enumerate(rows):
+        at = 0
+        for segment, (idx, start, end) in enumerate(row, start=1):
+            record = records[idx]
+            piece = record["input_ids"][start:end]  # end past the record's length: cut to it
+            stop = at + piece.size
+            ids[r, at:stop] = piece
+            if lm is not None:
+                mask = record.get("loss_mask")
+                lm[r, at:stop] = 1 if mask is None else mask[start:end]
+            if seg is not None:
+                seg[r, at:stop] = segment
+            if pos is not None:
+                pos[r, at:stop] = np.arange(piece.size, dtype=np.int32)
+            at = stop
+        row_len.append(at)
+    return row_len
 
 
-def _fill_scatter(out: dict, pieces: list, seq_len: int) -> None:
-    """The same as ``_fill_each`` with one concatenation and one scatter per field."""
-    row = np.fromiter((p[0] for p in pieces), dtype=np.int64, count=len(pieces))
-    seg = np.fromiter((p[1] for p in pieces), dtype=np.int64, count=len(pieces))
-    size = np.fromiter((p[2].size for p in pieces), dtype=np.int64, count=len(pieces))
-    ends = np.cumsum(size)
-    piece_start = ends - size
-    # Where each piece starts in its row: pieces come grouped by row, and segment 1 opens a row.
-    row_first = np.flatnonzero(seg == 1)
-    row_base = np.repeat(piece_start[row_first], np.diff(np.append(row_first, size.size)))
-    within = np.arange(int(ends[-1]), dtype=np.int64) - np.repeat(piece_start, size)
-    dest = np.repeat(row * seq_len + piece_start - row_base, size) + within
-    out["input_ids"].reshape(-1)[dest] = np.concatenate([p[2] for p in pieces])
-    out["loss_mask"].reshape(-1)[dest] = np.concatenate([p[3] for p in pieces])
-    out["segment_ids"].reshape(-1)[dest] = np.repeat(seg, size)
-    out["positions"].reshape(-1)[dest] = within
+def _fill_concat(out: dict, rows, records) -> list[int]:
+    """The same as ``_fill_each`` with one concatenation per field and one slice per row and field.
+
+    Each row's tokens are a prefix of the row, so the batch's real slots, read row by row, are the
+    pieces back to back: slices of the concatenation fill them (a fancy-index scatter or a
+    boolean-mask store writes token by token, several times slower).
+    """
+    tokens, masks, segments = [], [], []  # per piece: tokens, mask (None: all ones), its number in its row
+    row_len = []
+    for row in rows:
+        at = 0
+        for segment, (idx, start, end) in enumerate(row, start=1):
+            record = records[idx]
+            piece = record["input_ids"][start:end]
+            mask = record.get("loss_mask")
+            tokens.append(piece)
+            masks.append(None if mask is None else mask[start:end])
+            segments.append(segment)
+            at += piece.size
+        row_len.append(at)
+    if not tokens:
+        return row_len
+    flat = {"input_ids": np.concatenate(tokens)}
+    if "loss_mask" in out:
+        flat["loss_mask"] = np.concatenate([np.ones(t.size, np.uint8) if m is None else m for t, m in zip(tokens, masks)])
+    if "segment_ids" in out or "positions" in out:
+        size = np.fromiter((t.size for t in tokens), dtype=np.int64, count=len(tokens))
+        if "segment_ids" in out:
+            flat["segment_ids"] = np.repeat(np.asarray(segments, dtype=np.int32), size)
+        if "positions" in out:
+            flat["positions"] = np.arange(flat["input_ids"].size, dtype=np.int32) - np.repeat(
+                (np.cumsum(size) - size).astype(np.int32), size)
+    at = 0
+    for r, length in enumerate(row_len):  # a row's real slots are a prefix: one slice per row and field
+        for name, values in flat.items():
+            out[name][r, :length] = values[at : at + length]
+        at += length
+    return row_len

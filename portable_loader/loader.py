@@ -22,14 +22,16 @@ Example:
 
 from __future__ import annotations
 
-from typing import Any, Iterator, Sequence
+import functools
+from typing import Any, Callable, Iterator, Sequence
 
 import numpy as np
 
 from portable_loader.batch_size import BatchSchedule, as_schedule
-from portable_loader.collate import OVERLONG, collate
+from portable_loader.collate import FIELDS, OVERLONG, PADDED_FIELDS, check_fields
 from portable_loader.dataset import source as as_dataset
 from portable_loader.digests import json_sha256
+from portable_loader.engine import InlineEngine, build_batch, start
 from portable_loader.lifecycle import Closing, close_at_exit
 from portable_loader.plan import Cursor, Planner
 from portable_loader.state import STATE_VERSION, check_state, make_state
@@ -43,19 +45,8 @@ def _source_identity(source) -> str:
     return source.fingerprint()
 
 
-def _fetch(source, indices: list[int]) -> list:
-    return list(source.__getitems__(indices))
-
-
 def _lengths(source, indices: np.ndarray) -> np.ndarray:
     return np.asarray(source.lengths(indices), dtype=np.int64)
-
-
-def build_batch(source, rows, seq_len: int, pad_id: int) -> dict[str, np.ndarray]:
-    """Fetch the records a row plan names (one batched read) and collate them."""
-    wanted = sorted({piece[0] for row in rows for piece in row})
-    records = dict(zip(wanted, _fetch(source, wanted)))
-    return collate(rows, records, seq_len, pad_id)
 
 
 def _overlong_policy(overlong: str, source, packing: bool) -> str:
@@ -85,7 +76,9 @@ class DataLoader:
     otherwise (alpaca/chat records never leave a response tail without its prompt). See docs/loader.md.
     ``global_batch_size``: an int, a schedule ``[(step, size), ...]``, a ``BatchSchedule`` (by step or
     by samples consumed) or ``rampup(...)`` (Megatron's); a state resumes at any other size or
-    schedule, and continues the same record or packed-row stream (docs/batch_size.md).
+    schedule, and continues the same record or packed-row stream (docs/batch_size.md). ``fields``:
+    what a batch holds, from ``collate.FIELDS``; by default ``input_ids``, ``loss_mask``,
+    ``attention_mask``, plus ``segment_ids`` and ``positions`` when packing (docs/performance.md).
 
     Example:
         >>> loader = DataLoader(open_cache(path), global_batch_size=64, seq_len=2048, seed=0,
@@ -111,6 +104,7 @@ class DataLoader:
         packing_window: int = 1024,
         pad_id: int = 0,
         overlong: str = "auto",
+        fields: Sequence[str] | None = None,
     ):
         sizes = as_schedule(global_batch_size)
         for name, value, low in (
@@ -141,6 +135,8 @@ class DataLoader:
         self.shard_index, self.shard_count = int(shard_index), int(shard_count)
         self.packing_window, self.pad_id = int(packing_window), int(pad_id)
         self.overlong = _overlong_policy(overlong, source, self.packing)
+        # Not part of the config: the fields a batch carries never change the stream or the state.
+        self.fields = check_fields(fields) if fields is not None else FIELDS if self.packing else PADDED_FIELDS
         # A plain source is shuffled by the LCG sampler; a mixture brings its own keyed order.
         self.sampler = source.stream_order(self.seed, shuffle=self.shuffle, num_epochs=num_epochs)
         self.config = {
@@ -170,7 +166,7 @@ class DataLoader:
             self.source, global_batch_size=self.global_batch_size, seq_len=self.seq_len, seed=self.seed,
             packing=self.packing, shuffle=self.shuffle, num_epochs=self.num_epochs, num_workers=self.num_workers,
             prefetch=self.prefetch, shard_index=shard_index, shard_count=shard_count,
-            packing_window=self.packing_window, pad_id=self.pad_id, overlong=self.overlong,
+            packing_window=self.packing_window, pad_id=self.pad_id, overlong=self.overlong, fields=self.fields,
         )
 
     @property
@@ -337,13 +333,7 @@ class LoaderIterator(Closing, Iterator[dict]):
     # --- iteration ----------------------------------------------------------------------------
 
     def _start(self):
-        from portable_loader.workers import ProcessEngine, thread_engine
-
-        if self.loader.num_workers > 0:
-            return ProcessEngine(self.loader, self._planner, self._cursor)
-        if self.loader.prefetch > 0:
-            return thread_engine(self.loader, self._planner, self._cursor)
-        return InlineEngine(self.loader, self._planner, self._cursor)
+        return start(self.loader, self._planner, self._cursor)
 
     def __next__(self) -> dict[str, np.ndarray]:
         if self._engine is None:
@@ -359,8 +349,9 @@ class LoaderIterator(Closing, Iterator[dict]):
         for policy, count in self._planner.counts.pop(cursor.step - 1, {}).items():
             if self._overlong[policy] is not None:
                 self._overlong[policy] = None if count is None else self._overlong[policy] + count
-        self._tokens += int(np.count_nonzero(batch["segment_ids"]))
-        self._slots += batch["segment_ids"].size
+        real = batch["attention_mask"] if "attention_mask" in batch else batch["segment_ids"]
+        self._tokens += int(np.count_nonzero(real))
+        self._slots += real.size
         return batch
 
     def __iter__(self):
@@ -376,7 +367,19 @@ class LoaderIterator(Closing, Iterator[dict]):
 
     def get_state(self) -> dict[str, Any]:
         """A small JSON-serializable dict: version, config fingerprint, stream position and a digest."""
-        return make_state(self.loader, self._cursor)
+        return self.state_later()()
+
+    def state_later(self) -> Callable[[], dict[str, Any]]:
+        """``get_state()`` as of now, computed only when called (its digest costs ~10 µs).
+
+        For adapters that must keep the state of every batch they hand out, and are asked for
+        few of them.
+
+        Example:
+            >>> later = it.state_later(); _ = next(it)   # doctest: +SKIP
+            >>> it2.set_state(later())                     # doctest: +SKIP
+        """
+        return functools.partial(make_state, self.loader, self._cursor)
 
     def set_state(self, state: dict[str, Any] | str | bytes) -> None:
         """Continue right after the batch the state was taken at; O(1) (packing: one window), no replay.
@@ -392,20 +395,3 @@ class LoaderIterator(Closing, Iterator[dict]):
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.set_state(state)
 
-
-class InlineEngine:
-    """No prefetch: plan, fetch and collate in the caller's thread."""
-
-    def __init__(self, loader: DataLoader, planner: Planner, cursor: Cursor):
-        self.loader, self.planner, self.cursor = loader, planner, cursor
-
-    def next(self) -> tuple[dict, Cursor]:
-        planned = self.planner.step(self.cursor)
-        if planned is None:
-            raise StopIteration
-        rows, self.cursor = planned
-        batch = build_batch(self.loader.source, self.loader.local_rows(rows), self.loader.seq_len, self.loader.pad_id)
-        return batch, self.cursor
-
-    def close(self) -> None:
-        pass

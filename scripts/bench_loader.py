@@ -120,8 +120,11 @@ def timed(batches, steps: int, seconds: float) -> tuple[float, float]:
     t = time.perf_counter()
     while done < steps and (done < 5 or time.perf_counter() - t < seconds):
         b = next(batches)
-        seg = b["segment_ids"] if "segment_ids" in b else b["input_ids_segment_ids"]
-        tokens += int(np.count_nonzero(seg))
+        if "attention_mask" in b:  # ours, padded: no segment_ids
+            real = b["attention_mask"]
+        else:
+            real = b["segment_ids"] if "segment_ids" in b else b["input_ids_segment_ids"]
+        tokens += int(np.count_nonzero(real))
         done += 1
     dt = time.perf_counter() - t
     return done / dt, tokens / dt

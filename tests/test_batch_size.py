@@ -25,7 +25,7 @@ BASE = dict(seq_len=16, seed=4, packing_window=12)
 
 def rows_of(batch):
     """The non-empty rows of a batch as token tuples (a padded or packed row's real tokens)."""
-    ids, seg = np.asarray(batch["input_ids"]), np.asarray(batch["segment_ids"])
+    ids, seg = np.asarray(batch["input_ids"]), np.asarray(batch["attention_mask"])
     return [tuple(r[s > 0].tolist()) for r, s in zip(ids, seg) if s.any()]
 
 

@@ -1,6 +1,7 @@
 """collate and pack against oracles: a slow per-token reference, and packing's invariants."""
 
 import numpy as np
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -10,15 +11,16 @@ from portable_loader import collate as C
 def reference(rows, records, seq_len, pad_id):
     """Token by token, the obvious way."""
     n = len(rows)
-    out = {k: np.zeros((n, seq_len), np.int64) for k in ("input_ids", "loss_mask", "segment_ids", "positions")}
+    out = {k: np.zeros((n, seq_len), np.int64) for k in C.FIELDS}
     out["input_ids"][:] = pad_id
     for r, row in enumerate(rows):
         at = 0
         for seg, (idx, start, end) in enumerate(row, start=1):
-            ids, mask = records[idx]["input_ids"], records[idx]["loss_mask"]
+            ids, mask = records[idx]["input_ids"], records[idx].get("loss_mask")
             for k, t in enumerate(range(start, min(end, ids.size))):
                 out["input_ids"][r, at] = ids[t]
-                out["loss_mask"][r, at] = mask[t]
+                out["loss_mask"][r, at] = 1 if mask is None else mask[t]
+                out["attention_mask"][r, at] = 1
                 out["segment_ids"][r, at] = seg
                 out["positions"][r, at] = k
                 at += 1
@@ -38,21 +40,22 @@ def batches(draw):
 
 
 @settings(max_examples=200, deadline=None)
-@given(batch=batches(), pad_id=st.integers(0, 5))
-def test_collate_matches_token_by_token_reference_on_both_paths(batch, pad_id):
+@given(batch=batches(), pad_id=st.integers(0, 5), some=st.sets(st.sampled_from(C.FIELDS[1:]), min_size=0),
+       few=st.sampled_from([0, 10**6]), no_mask=st.booleans())
+def test_collate_matches_token_by_token_reference_on_both_paths(batch, pad_id, some, few, no_mask):
     rows, records, seq_len = batch
+    if no_mask:  # a record without loss_mask trains on every token
+        records = {i: {"input_ids": r["input_ids"]} for i, r in records.items()}
     want = reference(rows, records, seq_len, pad_id)
-    pieces = [(r, s, records[i]["input_ids"][a:b], records[i]["loss_mask"][a:b])
-              for r, row in enumerate(rows) for s, (i, a, b) in enumerate(row, start=1)]
-    for fill in (C._fill_each, lambda out, p: C._fill_scatter(out, p, seq_len) if p else None):
-        got = {k: np.zeros((len(rows), seq_len), v.dtype) for k, v in C.collate(rows[:0], records, seq_len).items()}
-        got["input_ids"][:] = pad_id
-        fill(got, pieces)
-        for k in want:
-            assert np.array_equal(got[k], want[k]), k
-    out = C.collate(rows, records, seq_len, pad_id)
-    assert all(np.array_equal(out[k], want[k]) for k in want)
-    assert out["input_ids"].dtype == np.int32 and out["loss_mask"].dtype == np.uint8
+    fields = ["input_ids", "attention_mask", *some]
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(C, "_FEW_PIECES", few)  # 0: always concatenations; 10**6: always per piece
+        out = C.collate(rows, records, seq_len, pad_id, fields)
+    assert set(out) == set(fields)
+    for k in fields:
+        assert np.array_equal(out[k], want[k]), k
+    assert out["input_ids"].dtype == np.int32 and out["attention_mask"].dtype == np.uint8
+    assert C.collate(rows, records, seq_len, pad_id).keys() == set(C.FIELDS)
 
 
 @settings(max_examples=200, deadline=None)

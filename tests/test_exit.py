@@ -188,7 +188,7 @@ class Stubborn:
 
 def test_close_kills_a_worker_that_ignores_sigterm():
     import portable_loader as pl
-    from portable_loader.workers import _WORKER_JOIN_S
+    from portable_loader.engine.processes import _WORKER_JOIN_S
 
     src = Stubborn(32)
     src.parent = os.getppid()  # of this process: in the worker, getppid() is this process instead

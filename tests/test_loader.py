@@ -14,7 +14,8 @@ from hypothesis import strategies as st
 
 import portable_loader as pl
 from portable_loader.sampler import LCGSampler
-from portable_loader.workers import WorkerError
+from portable_loader import collate as C
+from portable_loader.engine import WorkerError
 
 TOKEN_BASE = 10_000  # record r's tokens are r*TOKEN_BASE + 0, 1, 2, ...: every token is unique
 
@@ -61,7 +62,8 @@ def reference_padded_batch(src, step, batch, seq_len, seed, num_epochs=None):
         mask[row, :size] = rec["loss_mask"][:size]
         seg[row, :size] = 1
         pos[row, :size] = np.arange(size)
-    return {"input_ids": ids, "loss_mask": mask, "segment_ids": seg, "positions": pos}
+    return {"input_ids": ids, "loss_mask": mask, "attention_mask": seg.astype(np.uint8), "segment_ids": seg,
+            "positions": pos}
 
 
 def test_padded_batches_equal_the_oracle_across_epochs():
@@ -70,6 +72,32 @@ def test_padded_batches_equal_the_oracle_across_epochs():
     got = take(iter(loader), 12)  # 96 positions: two epoch boundaries inside batches
     want = [reference_padded_batch(src, s, 8, 24, seed=3) for s in range(12)]
     assert same(got, want)
+    assert all(set(b) == {"input_ids", "loss_mask", "attention_mask"} for b in got)  # padded default
+
+
+@pytest.mark.parametrize("fields", [
+    ["input_ids", "attention_mask"],
+    ["input_ids", "loss_mask", "segment_ids", "positions"],
+    ["positions", "segment_ids", "attention_mask", "loss_mask", "input_ids"],
+])
+@pytest.mark.parametrize("packing", [False, True])
+def test_fields_asked_for_are_the_fields_of_all_fields(fields, packing):
+    # Any subset is the same arrays as the full set, with the others left out.
+    src = make_source(41)
+    kw = dict(global_batch_size=4, seq_len=32, seed=5, packing=packing, prefetch=0)
+    full = take(iter(pl.DataLoader(src, fields=C.FIELDS, **kw)), 6)
+    some = take(iter(pl.DataLoader(src, fields=fields, **kw)), 6)
+    assert all(set(b) == set(fields) for b in some)
+    assert same(some, full)
+    if not packing:
+        assert same(full, [reference_padded_batch(src, s, 4, 32, seed=5) for s in range(6)])
+
+
+@pytest.mark.parametrize("fields", ["input_ids", ["loss_mask", "attention_mask"], ["input_ids", "positions"],
+                                    ["input_ids", "attention_mask", "labels"]])
+def test_bad_fields_are_refused_by_name(fields):
+    with pytest.raises(ValueError, match="fields"):
+        pl.DataLoader(make_source(5), global_batch_size=2, seq_len=8, fields=fields)
 
 
 def test_finite_stream_ends_with_a_padded_partial_batch_and_every_record_once():
@@ -79,9 +107,9 @@ def test_finite_stream_ends_with_a_padded_partial_batch_and_every_record_once():
         batches = list(it)
     assert len(batches) == 10  # ceil(74 / 8)
     last = batches[-1]
-    assert (last["segment_ids"][2:] == 0).all() and (last["loss_mask"][2:] == 0).all()
+    assert (last["attention_mask"][2:] == 0).all() and (last["loss_mask"][2:] == 0).all()
     assert all(b["input_ids"].shape == (8, 64) for b in batches)  # static shape: no recompiles
-    firsts = concat(batches)["input_ids"][:, 0][concat(batches)["segment_ids"][:, 0] > 0] // TOKEN_BASE
+    firsts = concat(batches)["input_ids"][:, 0][concat(batches)["attention_mask"][:, 0] > 0] // TOKEN_BASE
     assert sorted(firsts[:37].tolist()) == list(range(37)) and sorted(firsts[37:].tolist()) == list(range(37))
     assert firsts[:37].tolist() != firsts[37:].tolist()  # a fresh order each epoch
     assert same(batches, [reference_padded_batch(src, s, 8, 64, 1, num_epochs=2) for s in range(10)])
@@ -296,7 +324,7 @@ def test_grain_map_dataset_source():
     a = take(iter(pl.DataLoader(mapped, global_batch_size=4, seq_len=16, seed=0)), 3)
     b = take(iter(pl.DataLoader(src, global_batch_size=4, seq_len=16, seed=0)), 3)
     for x, y in zip(a, b):
-        live = x["segment_ids"] > 0
+        live = x["attention_mask"] > 0
         assert np.array_equal(x["input_ids"][live], y["input_ids"][live] + 1)
 
 

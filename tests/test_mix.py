@@ -153,7 +153,7 @@ def test_describe_names_what_the_batch_holds(packing):
                 ids = batch["input_ids"][r, at : at + end - start]
                 assert (ids == tags[name] * 1000 + rec).all() and len(ids) == end - start
                 at += end - start
-            assert batch["segment_ids"][r, at:].sum() == 0
+            assert batch["attention_mask"][r, at:].sum() == 0
     assert loader.describe(3) == pl.DataLoader(m, global_batch_size=8, seq_len=16, seed=3, packing=packing,
                                                packing_window=32).describe(3)  # random access = sequential
 
@@ -376,4 +376,4 @@ def test_describe_without_a_mixture_names_no_source():
     for step, batch in enumerate(got):
         for r, [(name, rec, start, end)] in enumerate(loader.describe(step)):
             assert name is None and start == 0 and end == min(8, len(data[rec]["input_ids"]))
-            assert (batch["input_ids"][r, :end] == 5000 + rec).all() and batch["segment_ids"][r, end:].sum() == 0
+            assert (batch["input_ids"][r, :end] == 5000 + rec).all() and batch["attention_mask"][r, end:].sum() == 0

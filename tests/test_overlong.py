@@ -7,7 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import portable_loader as pl
-from portable_loader.collate import pack
+from portable_loader.collate import FIELDS, pack
 from portable_loader.precache import sample_args
 
 from test_loader import make_source
@@ -68,7 +68,8 @@ def test_auto_resolves_by_the_cache_format():
 
 @pytest.mark.parametrize("packing", [True, False])
 def test_chat_default_keeps_each_records_head_and_counts_truncations(chat, packing):
-    loader = pl.DataLoader(chat, global_batch_size=16, seq_len=SEQ, seed=1, packing=packing, num_epochs=1)
+    loader = pl.DataLoader(chat, global_batch_size=16, seq_len=SEQ, seed=1, packing=packing, num_epochs=1,
+                           fields=FIELDS)  # segment_ids in padded batches too
     assert loader.overlong == "truncate"
     lengths = chat.lengths(np.arange(len(chat)))
     with iter(loader) as it:
@@ -125,4 +126,4 @@ def test_padded_truncations_are_not_counted_where_lengths_are_not_cheap():
         assert it.stats["truncated"] is None
     with iter(pl.DataLoader(make_source(20, max_len=40), global_batch_size=4, seq_len=8, overlong="drop")) as it:
         batch = next(it)
-        assert it.stats["dropped"] == np.count_nonzero(batch["segment_ids"].sum(axis=1) == 0) > 0
+        assert it.stats["dropped"] == np.count_nonzero(batch["attention_mask"].sum(axis=1) == 0) > 0

@@ -2,8 +2,9 @@
 formatter produced (the oracle), whatever the memo holds, evicts or serves; both backends."""
 
 import json
+import os
+import sys
 
-import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -90,3 +91,30 @@ def test_what_lengths_or_prefetch_read_is_served_without_touching_the_shards(cac
     assert [as_tuple(r) for r in src[[149, 5, 3, 77]]] == [caches[1][i] for i in (149, 5, 3, 77)]
     with pytest.raises(IndexError):
         src[[4]]
+
+
+def test_array_record_shards_are_uncompressed_and_old_compressed_ones_are_refused_for_workers(tmp_path, monkeypatch):
+    """A compressed shard's reader crashes in a worker forked after the parent read from it (the
+    decompressor's thread does not survive fork): new caches are written uncompressed, and a cache
+    written compressed (as older versions did) is refused with workers, never left to crash them."""
+    import portable_loader as pl
+    from portable_loader.cache import writer
+    from portable_loader.errors import CacheError
+    from portable_loader.precache import build_cache, sample_args
+
+    path, _ = build_cache(**sample_args(), out=str(tmp_path / "new"), backend="array_record", num_workers=1)
+    src = pl.open_cache(path)
+    assert src.manifest["array_record_options"] == "group_size:1,uncompressed" and src.fork_hazard is None
+    loader = pl.DataLoader(pl.source(src).map(dict), global_batch_size=4, seq_len=64, packing=True, num_workers=2)
+    with iter(loader) as it:
+        assert [next(it)["input_ids"].shape for _ in range(3)] == [(4, 64)] * 3
+
+    monkeypatch.setattr(writer, "ARRAY_RECORD_OPTIONS", "group_size:1")  # what older versions wrote
+    monkeypatch.setattr(sys.modules["portable_loader.precache"], "ARRAY_RECORD_OPTIONS", "group_size:1")
+    old, _ = build_cache(**sample_args(), out=str(tmp_path / "old"), backend="array_record", num_workers=1)
+    assert os.path.basename(old) != os.path.basename(path)  # the options are part of the key
+    loader = pl.DataLoader(pl.open_cache(old), global_batch_size=4, seq_len=64, num_workers=2)
+    with iter(loader) as it, pytest.raises(CacheError, match="written compressed .* num_workers=0"):
+        next(it)
+    with iter(pl.DataLoader(pl.open_cache(old), global_batch_size=4, seq_len=64)) as it:
+        assert next(it)["input_ids"].shape == (4, 64)  # in this process it reads fine

@@ -44,6 +44,10 @@ class _CacheSource:
         The rule of :func:`parse_index` (so ``[1.0]`` or ``["3"]`` is a ``TypeError``), plus a
         ``range`` or a single integer, which batched readers pass.
         """
+        if type(indices) is np.ndarray and indices.dtype == np.int64 and indices.ndim == 1:
+            # The loader's own reads (already int64): two reductions instead of a per-element check.
+            if not indices.size or (indices.min() >= 0 and indices.max() < self._len):
+                return indices
         if isinstance(indices, range):
             indices = np.arange(indices.start, indices.stop, indices.step, dtype=np.int64)
         elif isinstance(indices, list) and all(type(i) is int for i in indices):
@@ -86,6 +90,9 @@ class _CacheSource:
         return f"{type(self).__name__}({self.path!r}, records={self._len})"
 
 
+_FEW = 64  # up to this many indices, plain Python loops beat vectorized numpy
+
+
 def _view(array, dtype) -> np.ndarray:
     """A zero-copy numpy view of a primitive Arrow array (``to_numpy`` would import pandas)."""
     dtype = np.dtype(dtype)
@@ -121,20 +128,46 @@ class ArrowCacheSource(_CacheSource):
             raise CacheError(f"{path}: shards hold {row} records, the manifest says {self._len}")
         # One entry per written batch (up to 65,536 records), never one per record.
         self._seg_starts = np.asarray(starts + [row], dtype=np.int64)
+        # The same, as Python ints: a loader step reads a few records, and for a few, bisect and
+        # memoryview reads (plain ints) cost less than the numpy calls' fixed price.
+        self._seg_list = starts + [row]
+        self._offsets_mv = [memoryview(o) for o in self._offsets]
+
+    def _locate(self, indices) -> tuple[list[int], list[int]]:
+        """(shard batch, row within it) of each index, as Python lists."""
+        if type(indices) is np.ndarray and indices.dtype == np.int64 and indices.ndim == 1 and indices.size <= _FEW:
+            idx = indices.tolist()  # the loader's own reads: checked in Python (numpy's min/max cost µs each)
+            if idx and (min(idx) < 0 or max(idx) >= self._len):
+                idx = self._indices(indices).tolist()  # negatives counted from the end; IndexError
+        else:
+            idx = self._indices(indices)
+            if idx.size > _FEW:
+                segs = np.searchsorted(self._seg_starts, idx, side="right") - 1
+                return segs.tolist(), (idx - self._seg_starts[segs]).tolist()
+            idx = idx.tolist()
+        starts, segs, local = self._seg_list, [], []
+        for i in idx:
+            s = bisect.bisect_right(starts, i) - 1
+            segs.append(s)
+            local.append(i - starts[s])
+        return segs, local
 
     def __getitems__(self, indices: Sequence[int]) -> list[dict]:
-        idx = self._indices(indices)
-        segs = np.searchsorted(self._seg_starts, idx, side="right") - 1
-        local = idx - self._seg_starts[segs]
         out = []
-        for seg, j in zip(segs.tolist(), local.tolist()):
-            offsets = self._offsets[seg]
-            a, b = int(offsets[j]), int(offsets[j + 1])
-            out.append({"input_ids": self._ids[seg][a:b], "loss_mask": self._mask[seg][a:b]})
+        all_offsets, all_ids, all_mask = self._offsets_mv, self._ids, self._mask
+        for seg, j in zip(*self._locate(indices)):
+            offsets = all_offsets[seg]
+            a, b = offsets[j], offsets[j + 1]
+            out.append({"input_ids": all_ids[seg][a:b], "loss_mask": all_mask[seg][a:b]})
         return out
 
     def lengths(self, indices: Sequence[int] | np.ndarray) -> np.ndarray:
         """Token counts of records, vectorized (what a packer needs before it reads anything)."""
+        if isinstance(indices, (list, tuple, np.ndarray)) and len(indices) <= _FEW:  # a padded step's few
+            # records: a loop beats np.unique's setup
+            offsets = self._offsets_mv
+            segs, local = self._locate(indices)
+            return np.array([offsets[s][j + 1] - offsets[s][j] for s, j in zip(segs, local)], dtype=np.int64)
         idx = self._indices(indices)
         seg = np.searchsorted(self._seg_starts, idx, side="right") - 1
         out = np.empty(idx.shape, dtype=np.int64)
@@ -178,6 +211,14 @@ class ArrayRecordCacheSource(_CacheSource):
         self._memo: OrderedDict[int, bytes] = OrderedDict()
         self._memo_size = 0
         self._lock = threading.Lock()  # a prefetch thread and the caller may share one source
+        # Shards written compressed (before portable_loader wrote them uncompressed) crash a reader
+        # in a worker forked after this process read from them: see cache/writer.py.
+        compressed = "uncompressed" not in manifest.get("array_record_options", "group_size:1")
+        self.fork_hazard = (
+            f"{path}: this ArrayRecord cache was written compressed (by an older portable_loader), and "
+            "its reader crashes in forked worker processes; rebuild it (precache --force) or load "
+            "it with num_workers=0" if compressed else None
+        )
 
     @staticmethod
     def _decode(raw: bytes) -> dict:

@@ -29,6 +29,12 @@ _BATCH_ROWS = 65536
 _BATCH_TOKENS = 8 << 20
 
 
+# group_size:1 puts each record in its own chunk, so a random read decodes one record. Uncompressed:
+# reads are about 2x faster, and a compressed shard's reader crashes (SIGSEGV) in a worker forked
+# after the parent has read from it (the decompressor's background thread does not survive fork).
+ARRAY_RECORD_OPTIONS = "group_size:1,uncompressed"
+
+
 def shard_name(backend: str, index: int, count: int) -> str:
     """The file name of shard ``index`` of ``count``.
 
@@ -76,8 +82,7 @@ class ShardWriter:
         elif backend == "array_record":
             from array_record.python.array_record_module import ArrayRecordWriter
 
-            # group_size:1 puts each record in its own chunk: a random read decodes one record.
-            self._writer = ArrayRecordWriter(path, "group_size:1")
+            self._writer = ArrayRecordWriter(path, ARRAY_RECORD_OPTIONS)
         else:
             raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
 

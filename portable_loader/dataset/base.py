@@ -59,6 +59,8 @@ class Dataset:
     #: ``lengths`` answers without reading records (the loader then counts over-long records in
     #: padded mode too; reading every record twice for a count is not worth it).
     cheap_lengths: bool = False
+    #: Why worker processes forked from this one must not read this dataset, or None when they may.
+    fork_hazard: str | None = None
 
     @property
     def format(self) -> str | None:

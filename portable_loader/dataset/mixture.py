@@ -104,6 +104,7 @@ class Mix(Dataset):
         self.mean_lengths = tuple(_mean_length(c, n) for n, c in zip(names, children)) if unit == "tokens" else None
         self.stages = self._stages(weights)
         self.cheap_lengths = all(c.cheap_lengths for c in children)
+        self.fork_hazard = next((c.fork_hazard for c in children if c.fork_hazard), None)
 
     # --- the schedule ---------------------------------------------------------------------------
 

@@ -72,6 +72,7 @@ class Cache(Dataset):
 
     def __init__(self, cache):
         self.cache = cache
+        self.fork_hazard = getattr(cache, "fork_hazard", None)
 
     @property
     def format(self) -> str | None:

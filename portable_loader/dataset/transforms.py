@@ -55,6 +55,7 @@ class Map(Dataset):
             raise TypeError(f"map(name=...) must be a string, got {type(name).__name__}")
         self.parent, self.fn, self.name, self.keeps_lengths = parent, fn, name, bool(keeps_lengths)
         self.cheap_lengths = self.keeps_lengths and parent.cheap_lengths
+        self.fork_hazard = parent.fork_hazard
 
     @property
     def format(self) -> str | None:

@@ -39,6 +39,7 @@ from portable_loader.cache.manifest import (
     write_manifest,
 )
 from portable_loader.cache.publish import clean_stale, publish, temp_dir
+from portable_loader.cache.writer import ARRAY_RECORD_OPTIONS
 from portable_loader.errors import CacheError, PortableLoaderError
 from portable_loader.inputs import open_input
 from portable_loader.precache.engine import cached_tokenizer, run_tasks
@@ -139,6 +140,7 @@ def build_cache(
         **{k: config[k] for k in ("format", "fields", "max_length", "overlong", "on_bad_row", "backend")},
         # Absent when unset, so that caches built before the option existed keep their keys.
         **({"transcript": transcript} if transcript is not None else {}),
+        **({"array_record_options": ARRAY_RECORD_OPTIONS} if backend == "array_record" else {}),
     }
     key = cache_key(key_parts)
     name = f"{format}-{key[:20]}"
@@ -219,6 +221,7 @@ def _tokenize_into(tmp: str, table, config: dict, num_workers: int | None, show_
     return {
         "format_version": FORMAT_VERSION,
         "backend": config["backend"],
+        **({"array_record_options": ARRAY_RECORD_OPTIONS} if config["backend"] == "array_record" else {}),
         "counts": counts,
         "content_checksum": f"{content:032x}",
         "shards": [r["shard"] for r in results],

@@ -1,6 +1,6 @@
-"""Prefetch engines: a background thread, or worker processes that fetch and collate planned rows.
+"""Worker processes that fetch and collate planned rows.
 
-The caller's thread (or the prefetch thread) plans every step; workers receive row plans that are
+The caller's thread plans every step; workers receive row plans that are
 already fixed, so they cannot change the order. Step ``s`` goes to worker ``s % W`` and comes back on
 that worker's own queue, so results are consumed in step order without any reordering buffer.
 A worker's exception reaches the caller with the worker's traceback; a worker that dies is reported
@@ -26,14 +26,15 @@ import time
 import traceback
 
 from portable_loader.cache import pid_alive
+from portable_loader.engine.inline import build_batch
+from portable_loader.engine.threads import WorkerError
+from portable_loader.errors import CacheError
 from portable_loader.lifecycle import hook_last
-from portable_loader.loader import InlineEngine, build_batch
 from portable_loader.plan import Cursor, Planner
 
-__all__ = ["Producer", "thread_engine", "ProcessEngine", "WorkerError"]
+__all__ = ["ProcessEngine"]
 
 _POLL_S = 0.2
-_JOIN_S = 5.0  # a producer thread finishing the batch in hand
 _WORKER_JOIN_S = 2.0  # per stage of a worker's end: after the stop message, then after SIGTERM
 _PR_SET_PDEATHSIG = 1  # from <linux/prctl.h>
 # Signals a scheduler or a parent sends to end a process. A forked worker inherits the parent's
@@ -42,84 +43,6 @@ _PR_SET_PDEATHSIG = 1  # from <linux/prctl.h>
 # not end the worker and its join (no timeout) would hang the parent forever.
 _RESET_SIGNALS = [getattr(signal, n) for n in ("SIGTERM", "SIGHUP", "SIGQUIT", "SIGUSR1", "SIGUSR2")
                   if hasattr(signal, n)]
-
-
-class WorkerError(RuntimeError):
-    """A loader worker failed; the message holds the worker's own traceback."""
-
-
-class Producer:
-    """Runs ``produce()`` in a daemon thread, keeping up to ``depth`` results ready.
-
-    ``next()`` returns them in order, raises ``StopIteration`` once ``produce`` does (and keeps
-    raising it), and re-raises ``produce``'s exception with its traceback. ``close()`` stops and
-    joins the thread and drops results not taken.
-
-    Example:
-        >>> it = iter(range(3))
-        >>> p = Producer(lambda: next(it), depth=2)
-        >>> [p.next() for _ in range(3)]
-        [0, 1, 2]
-        >>> p.close()
-    """
-
-    def __init__(self, produce, depth: int, name: str = "portable_loader-producer"):
-        hook_last()
-        self._q: queue.Queue = queue.Queue(maxsize=max(1, depth))
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, args=(produce,), name=name, daemon=True)
-        self._thread.start()
-
-    def _put(self, item) -> bool:
-        while not self._stop.is_set():
-            try:
-                self._q.put(item, timeout=_POLL_S)
-                return True
-            except queue.Full:
-                continue
-        return False
-
-    def _run(self, produce) -> None:
-        try:
-            while not self._stop.is_set():
-                try:
-                    item = produce()
-                except StopIteration:
-                    self._put(("end", None))
-                    return
-                if not self._put(("ok", item)):
-                    return
-        except BaseException as e:  # noqa: BLE001 - handed to the consumer as is
-            self._put(("error", e))
-
-    def next(self):
-        while True:
-            try:
-                kind, value = self._q.get(timeout=_POLL_S)
-                break
-            except queue.Empty:
-                if not self._thread.is_alive():
-                    raise WorkerError("the background thread stopped without a result") from None
-        if kind == "end":
-            self._put(("end", None))  # stay ended
-            raise StopIteration
-        if kind == "error":
-            raise value
-        return value
-
-    def close(self) -> None:
-        self._stop.set()
-        self._thread.join(timeout=_JOIN_S)
-        while True:
-            try:
-                self._q.get_nowait()
-            except queue.Empty:
-                break
-
-
-def thread_engine(loader, planner: Planner, cursor: Cursor) -> Producer:
-    """One background thread runs the inline engine up to ``prefetch`` steps ahead."""
-    return Producer(InlineEngine(loader, planner, cursor).next, loader.prefetch, "portable_loader-prefetch")
 
 
 def _die_with_forking_thread() -> bool:
@@ -163,7 +86,7 @@ def _worker_main(index: int, loader, inbox, outbox, parent: int, forked_from_mai
                 return
             step, rows = task
             try:
-                outbox.put((step, "ok", build_batch(source, rows, loader.seq_len, loader.pad_id)))
+                outbox.put((step, "ok", build_batch(source, rows, loader.seq_len, loader.pad_id, loader.fields)))
             except BaseException as e:  # noqa: BLE001
                 text = "".join(traceback.format_exception(e))
                 outbox.put((step, "error", f"{type(e).__name__} in loader worker {index} (pid {os.getpid()}):\n{text}"))
@@ -196,6 +119,9 @@ class ProcessEngine:
 
     def __init__(self, loader, planner: Planner, cursor: Cursor):
         ctx = mp.get_context("fork" if "fork" in mp.get_all_start_methods() else "spawn")
+        hazard = getattr(loader.source, "fork_hazard", None)
+        if hazard and ctx.get_start_method() == "fork":
+            raise CacheError(hazard)
         self._loader, self._planner = loader, planner
         self._plan_cursor = cursor  # where the next step to hand out starts
         self._sent: list = []  # cursor after each step handed out and not yet consumed

@@ -1,0 +1,30 @@
+"""Fetch and collate engines: inline, a prefetch thread, or worker processes.
+
+Every engine carries out row plans the ``Planner`` already fixed, through the same ``build_batch``,
+so the engine changes how fast batches come, never what they hold. ``start`` picks one from the
+loader's ``num_workers`` and ``prefetch``. Nothing here imports ``portable_loader.loader``.
+
+Example:
+    >>> from portable_loader.plan import Cursor
+    >>> engine = start(loader, loader.planner(), Cursor(0, 0, 0))   # doctest: +SKIP
+    >>> batch, cursor = engine.next()                               # doctest: +SKIP
+    >>> engine.close()                                              # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+from portable_loader.engine.inline import InlineEngine, build_batch
+from portable_loader.engine.processes import ProcessEngine
+from portable_loader.engine.threads import Producer, WorkerError, thread_engine
+from portable_loader.plan import Cursor, Planner
+
+__all__ = ["InlineEngine", "ProcessEngine", "Producer", "WorkerError", "build_batch", "start", "thread_engine"]
+
+
+def start(loader, planner: Planner, cursor: Cursor):
+    """The engine for ``loader``'s settings, starting at ``cursor``: processes, a thread, or inline."""
+    if loader.num_workers > 0:
+        return ProcessEngine(loader, planner, cursor)
+    if loader.prefetch > 0:
+        return thread_engine(loader, planner, cursor)
+    return InlineEngine(loader, planner, cursor)

@@ -1,0 +1,135 @@
+"""The prefetch thread: one daemon thread runs a producer up to ``depth`` results ahead.
+
+The caller builds a result itself whenever none is ready and the thread is idle, so prefetching
+never costs more than inline building (see ``Producer`` and docs/performance.md). ``Producer`` is
+also what the torch and JAX adapters use for their own background collation.
+
+Example:
+    >>> it = iter(range(3))
+    >>> p = Producer(lambda: next(it), depth=2)
+    >>> [p.next() for _ in range(3)]
+    [0, 1, 2]
+    >>> p.close()
+"""
+
+from __future__ import annotations
+
+import collections
+import threading
+
+from portable_loader.engine.inline import InlineEngine
+from portable_loader.lifecycle import hook_last
+from portable_loader.plan import Cursor, Planner
+
+__all__ = ["Producer", "WorkerError", "thread_engine"]
+
+_POLL_S = 0.2
+# How often an idle thread looks for room (a result taken wakes it at once): about the GIL's switch
+# interval, so a caller that starts to run steps finds results ready within a few ms.
+_IDLE_S = 0.005
+_JOIN_S = 5.0  # a producer thread finishing the batch in hand
+
+
+class WorkerError(RuntimeError):
+    """A loader worker failed; the message holds the worker's own traceback."""
+
+
+class Producer:
+    """Keeps up to ``depth`` results of ``produce()`` ready, built by a daemon thread or by the caller.
+
+    ``next()`` returns them in order, raises ``StopIteration`` once ``produce`` does (and keeps
+    raising it), and re-raises ``produce``'s exception with its traceback. ``close()`` stops and
+    joins the thread and drops results not taken.
+
+    Why the caller may build a result itself: a hand-off between threads costs a wake-up and a GIL
+    transfer (tens to hundreds of µs on a loaded machine), which is pure loss when the caller has
+    nothing else to do. So ``next()`` takes a ready result if there is one; if there is none and the
+    thread is not building one, the caller calls ``produce()`` itself (no hand-off at all); only
+    when the thread is midway through the very result the caller needs does the caller wait for it.
+    A trainer whose step releases the GIL (a CUDA launch, an XLA call, numpy) finds results ready;
+    a loop with no step runs at the inline speed. One lock serializes ``produce()``, so results come
+    in ``produce`` order whichever thread built them.
+
+    Example:
+        >>> it = iter(range(3))
+        >>> p = Producer(lambda: next(it), depth=2)
+        >>> [p.next() for _ in range(3)]
+        [0, 1, 2]
+        >>> p.close()
+    """
+
+    def __init__(self, produce, depth: int, name: str = "portable_loader-producer"):
+        hook_last()
+        self._produce = produce
+        self._depth = max(1, depth)
+        self._ready: collections.deque = collections.deque()  # (kind, value); append/popleft are atomic
+        self._building = threading.Lock()  # held while produce() runs, by either thread
+        self._space = threading.Event()  # set when the caller took a result (room to build another)
+        self._stop = threading.Event()
+        self._ended: tuple | None = None  # ("end", None) or ("error", e) once produce stopped
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+        self._thread.start()
+
+    def _build(self) -> tuple:
+        """Run ``produce()`` once; the caller holds ``_building`` and no result is pending."""
+        try:
+            return ("ok", self._produce())
+        except StopIteration:
+            self._ended = ("end", None)
+        except BaseException as e:  # noqa: BLE001 - handed to the consumer as is
+            self._ended = ("error", e)
+        return self._ended
+
+    def _run(self) -> None:
+        while not self._stop.is_set() and self._ended is None:
+            # Never queue up behind the caller: if it is building, it is not busy elsewhere, and
+            # waiting on the lock would only hand the next result across threads.
+            if len(self._ready) < self._depth and self._building.acquire(blocking=False):
+                try:
+                    if self._ended is None and not self._stop.is_set() and len(self._ready) < self._depth:
+                        self._ready.append(self._build())
+                finally:
+                    self._building.release()
+                continue
+            self._space.wait(_IDLE_S)
+            self._space.clear()
+
+    def next(self):
+        while True:
+            if self._ready:
+                kind, value = self._ready.popleft()
+                self._space.set()
+                break
+            if self._ended is not None:
+                kind, value = self._ended
+                break
+            if self._building.acquire(blocking=False):
+                try:
+                    if self._ready or self._ended is not None:
+                        continue  # the thread finished one between our check and the lock
+                    kind, value = self._build()
+                finally:
+                    self._building.release()
+                break
+            # The thread is building the result we need: wait for it, not for a poll interval.
+            if not self._building.acquire(timeout=_POLL_S):
+                if not self._thread.is_alive():
+                    raise WorkerError("the background thread stopped without a result") from None
+                continue
+            self._building.release()
+        if kind == "end":
+            raise StopIteration
+        if kind == "error":
+            raise value
+        return value
+
+    def close(self) -> None:
+        self._stop.set()
+        self._space.set()
+        self._thread.join(timeout=_JOIN_S)
+        self._ready.clear()
+
+
+def thread_engine(loader, planner: Planner, cursor: Cursor) -> Producer:
+    """One background thread runs the inline engine up to ``prefetch`` steps ahead."""
+    return Producer(InlineEngine(loader, planner, cursor).next, loader.prefetch, "portable_loader-prefetch")
