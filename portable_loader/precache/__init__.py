@@ -40,7 +40,7 @@ from portable_loader.cache.manifest import (
 )
 from portable_loader.cache.publish import clean_stale, publish, temp_dir
 from portable_loader.errors import CacheError, PortableLoaderError
-from portable_loader.inputs import open_input
+from portable_loader.io import describe, open_inputs
 from portable_loader.precache.engine import cached_tokenizer, run_tasks
 from portable_loader.precache.lock import locked, sweep_locks
 from portable_loader.precache.manage import cache_info, list_caches, remove_cache
@@ -71,7 +71,7 @@ def sample_args() -> dict[str, str]:
 
 
 def build_cache(
-    input: str,
+    input,
     *,
     tokenizer: str,
     format: str,
@@ -112,10 +112,10 @@ def build_cache(
         if format != "chat":
             raise ValueError(f"transcript applies to the chat format only, not {format!r}")
         transcript = transcript_markers(transcript)
-    input, tokenizer, out = os.fspath(input), os.fspath(tokenizer), os.fspath(out)
-    table = open_input(input, split)
+    tokenizer, out = os.fspath(tokenizer), os.fspath(out)
+    table = open_inputs(input, split)
     config = {
-        "input": os.path.abspath(input),
+        "input": describe(input),
         "split": split,
         "tokenizer": os.path.abspath(tokenizer),
         "chat_template": chat_template,
@@ -158,7 +158,7 @@ def build_cache(
 
         tok = cached_tokenizer(config["tokenizer"], chat_template, eos_token, key)
         # Validates the format against the tokenizer (EOS, chat template) before any work.
-        Formatter(format, tok, fields=fields, max_length=max_length, overlong=overlong, path=input, transcript=transcript)
+        Formatter(format, tok, fields=fields, max_length=max_length, overlong=overlong, path=table.path, transcript=transcript)
         tmp = None
         try:
             tmp = temp_dir(out, name)
@@ -212,7 +212,7 @@ def _tokenize_into(tmp: str, table, config: dict, num_workers: int | None, show_
     }
     if counts["rows_out"] == 0:
         raise PortableLoaderError(
-            f"{config['input']}: all {counts['rows_in']} rows were dropped ({_fmt_dropped(counts['dropped'])}): "
+            f"{table.path}: all {counts['rows_in']} rows were dropped ({_fmt_dropped(counts['dropped'])}): "
             "nothing to cache"
         )
     content = sum(r["content"] for r in results) % (1 << 128)
@@ -226,8 +226,11 @@ def _tokenize_into(tmp: str, table, config: dict, num_workers: int | None, show_
     }
 
 
-def precache(input: str, *, tokenizer: str, format: str, out: str, **options) -> str:
+def precache(input, *, tokenizer: str, format: str, out: str, **options) -> str:
     """Tokenize ``input`` into a cache under ``out`` (or find it there) and return the cache's path.
+
+    ``input``: a file, a folder of files, a glob, a list of these, or a ``datasets.Dataset`` (see
+    :mod:`portable_loader.io.files` for the row order).
 
     Options: ``max_length`` (>= 2), ``overlong="drop"|"truncate"``, ``num_workers`` (default: all
     cores; 0 or 1: in this process), ``backend="arrow"|"array_record"``,

@@ -97,7 +97,9 @@ def _build_parser() -> argparse.ArgumentParser:
         "each takes --help.",
         formatter_class=_Help,
     )
-    p.add_argument("--input", help="JSONL(.gz), JSON list, Parquet, .txt, or a datasets.save_to_disk folder")
+    p.add_argument("--input", nargs="+", metavar="PATH",
+                   help="files (JSONL(.gz), JSON list, Parquet, .txt), folders of them, globs, or a "
+                   "datasets.save_to_disk folder; several are read in the order given")
     p.add_argument("--format", choices=FORMATS, help="text: loss on all; alpaca, chat: loss on the answers only")
     p.add_argument("--tokenizer", help="local tokenizer folder (tokenizer.json [+ tokenizer_config.json])")
     p.add_argument("--out", default="portable_loader_cache", help="parent directory of caches")
@@ -135,6 +137,8 @@ def _build(argv: list[str]) -> int:
     missing = [f"--{n}" for n in ("input", "format", "tokenizer") if getattr(args, n) is None]
     if missing:
         p.error(f"missing {', '.join(missing)} (or give none of them to use the bundled sample)")
+    if isinstance(args.input, list) and len(args.input) == 1:
+        args.input = args.input[0]  # one path keeps the key a single input always had
     try:
         path, s = build_cache(
             args.input, tokenizer=args.tokenizer, format=args.format, out=args.out, max_length=args.max_length,
