@@ -10,6 +10,7 @@ Example:
 
 from portable_loader.cache import open_cache
 from portable_loader.dataset import Dataset, source
+from portable_loader.dataset.tokenized import tokenized  # noqa: F401
 from portable_loader.loader import DataLoader
 from portable_loader.errors import BadRowError, CacheError, InputError, PortableLoaderError, StateError, TokenizerError
 from portable_loader.precache import cache_info, list_caches, precache, remove_cache

@@ -14,5 +14,6 @@ Example:
 from portable_loader.dataset.base import Dataset
 from portable_loader.dataset.sources import source
 from portable_loader.dataset.transforms import Map
+from portable_loader.dataset.tokenized import Tokenized, tokenized  # noqa: F401
 
 __all__ = ["Dataset", "Map", "source"]

@@ -57,7 +57,7 @@ from portable_loader.tokenize import (
     transcript_markers,
 )
 
-__all__ = ["precache", "build_cache", "sample_args", "cache_info", "list_caches", "remove_cache"]
+__all__ = ["precache", "build_cache", "prepare", "sample_args", "cache_info", "list_caches", "remove_cache"]
 
 
 def sample_args() -> dict[str, str]:
@@ -97,49 +97,17 @@ def build_cache(
         (False, 300)
     """
     t0 = time.perf_counter()
-    if format not in FORMATS:
-        raise ValueError(f"format must be one of {FORMATS}, got {format!r}")
     if backend not in BACKENDS:
         raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
-    if on_bad_row not in ("error", "skip"):
-        raise ValueError(f"on_bad_row must be 'error' or 'skip', got {on_bad_row!r}")
-    if max_length is not None and (not _is_int(max_length) or max_length < MIN_MAX_LENGTH):
-        raise ValueError(f"max_length must be an integer >= {MIN_MAX_LENGTH} (or None for no limit), got {max_length!r}")
     if num_workers is not None and (not _is_int(num_workers) or num_workers < 0):
         raise ValueError(f"num_workers must be an integer >= 0 (0: in this process; None: all cores), got {num_workers!r}")
-    fields = check_fields(format, fields)
-    if transcript is not None:
-        if format != "chat":
-            raise ValueError(f"transcript applies to the chat format only, not {format!r}")
-        transcript = transcript_markers(transcript)
-    tokenizer, out = os.fspath(tokenizer), os.fspath(out)
-    table = open_inputs(input, split)
-    config = {
-        "input": describe(input),
-        "split": split,
-        "tokenizer": os.path.abspath(tokenizer),
-        "chat_template": chat_template,
-        "eos_token": eos_token,
-        "format": format,
-        "fields": dict(sorted((fields or {}).items())),
-        "max_length": max_length,
-        "overlong": overlong,
-        "on_bad_row": on_bad_row,
-        "backend": backend,
-        "transcript": transcript,
-    }
-    key_parts = {
-        "format_version": FORMAT_VERSION,
-        "input": table.identity(),
-        # The files decide the tokenizer's EOS and chat template; overrides are hashed as text.
-        "tokenizer_files": tokenizer_identity(tokenizer),
-        "chat_template": read_template(chat_template) if chat_template is not None and format == "chat" else None,
-        "eos_token": eos_token,
-        "alpaca_template": [ALPACA_PROMPT, ALPACA_PROMPT_NO_INPUT] if format == "alpaca" else None,
-        **{k: config[k] for k in ("format", "fields", "max_length", "overlong", "on_bad_row", "backend")},
-        # Absent when unset, so that caches built before the option existed keep their keys.
-        **({"transcript": transcript} if transcript is not None else {}),
-    }
+    table, config, key_parts = prepare(
+        input, tokenizer=tokenizer, format=format, max_length=max_length, overlong=overlong, fields=fields,
+        split=split, chat_template=chat_template, eos_token=eos_token, on_bad_row=on_bad_row, transcript=transcript,
+    )
+    config["backend"] = key_parts["backend"] = backend
+    fields, transcript = config["fields"], config["transcript"]
+    tokenizer, out = config["tokenizer"], os.fspath(out)
     key = cache_key(key_parts)
     name = f"{format}-{key[:20]}"
     final = os.path.join(out, name)
@@ -174,6 +142,71 @@ def build_cache(
             raise
     seconds = time.perf_counter() - t0
     return final, {**manifest["counts"], "hit": False, "seconds": seconds, "path": final}
+
+
+def prepare(
+    input,
+    *,
+    tokenizer: str,
+    format: str,
+    max_length: int | None = None,
+    overlong: str = "drop",
+    fields: dict[str, str] | None = None,
+    split: str | None = None,
+    chat_template: str | None = None,
+    eos_token: str | None = None,
+    on_bad_row: str = "error",
+    transcript: str | dict[str, str] | None = None,
+) -> tuple:
+    """Check the options that decide the records, open the input: ``(table, config, key_parts)``.
+
+    What ``build_cache`` and :func:`portable_loader.tokenized` share; ``key_parts`` (less the backend,
+    which the caller adds) are what the cache key hashes.
+
+    Example:
+        >>> table, config, parts = prepare("x.jsonl", tokenizer="tok/", format="text")  # doctest: +SKIP
+    """
+    if format not in FORMATS:
+        raise ValueError(f"format must be one of {FORMATS}, got {format!r}")
+    if overlong not in ("drop", "truncate"):
+        raise ValueError(f"overlong must be 'drop' or 'truncate', got {overlong!r}")
+    if on_bad_row not in ("error", "skip"):
+        raise ValueError(f"on_bad_row must be 'error' or 'skip', got {on_bad_row!r}")
+    if max_length is not None and (not _is_int(max_length) or max_length < MIN_MAX_LENGTH):
+        raise ValueError(f"max_length must be an integer >= {MIN_MAX_LENGTH} (or None for no limit), got {max_length!r}")
+    fields = check_fields(format, fields)
+    if transcript is not None:
+        if format != "chat":
+            raise ValueError(f"transcript applies to the chat format only, not {format!r}")
+        transcript = transcript_markers(transcript)
+    tokenizer = os.fspath(tokenizer)
+    table = open_inputs(input, split)
+    config = {
+        "input": describe(input),
+        "split": split,
+        "tokenizer": os.path.abspath(tokenizer),
+        "chat_template": chat_template,
+        "eos_token": eos_token,
+        "format": format,
+        "fields": dict(sorted((fields or {}).items())),
+        "max_length": max_length,
+        "overlong": overlong,
+        "on_bad_row": on_bad_row,
+        "transcript": transcript,
+    }
+    key_parts = {
+        "format_version": FORMAT_VERSION,
+        "input": table.identity(),
+        # The files decide the tokenizer's EOS and chat template; overrides are hashed as text.
+        "tokenizer_files": tokenizer_identity(tokenizer),
+        "chat_template": read_template(chat_template) if chat_template is not None and format == "chat" else None,
+        "eos_token": eos_token,
+        "alpaca_template": [ALPACA_PROMPT, ALPACA_PROMPT_NO_INPUT] if format == "alpaca" else None,
+        **{k: config[k] for k in ("format", "fields", "max_length", "overlong", "on_bad_row")},
+        # Absent when unset, so that caches built before the option existed keep their keys.
+        **({"transcript": transcript} if transcript is not None else {}),
+    }
+    return table, config, key_parts
 
 
 def _is_int(x) -> bool:
