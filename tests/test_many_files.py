@@ -141,3 +141,14 @@ def test_random_access_agrees_with_sequential_reads(tables, picks, kind):
     rows = [int(present[p % present.size]) for p in picks]
     assert t.get(rows) == [sequential[r] for r in rows]
     assert [row["text"] for row in t.get(present.tolist())] == [r["text"] for r in ROWS]
+
+
+def test_cli_takes_several_inputs(tmp_path, capsys):
+    from portable_loader.precache.cli import main
+
+    a, b = jsonl(tmp_path / "a.jsonl", ROWS[:30]), jsonl(tmp_path / "b.jsonl", ROWS[30:])
+    common = ["--tokenizer", need(GPT2), "--format", "text", "--out", str(tmp_path / "c")]
+    assert main(["--input", str(a), str(b), *common]) == 0
+    built = capsys.readouterr().out.strip().splitlines()[-1]
+    assert built == pl.precache([a, b], tokenizer=need(GPT2), format="text", out=tmp_path / "c")
+    assert records(built) == records(pl.precache(jsonl(tmp_path / "all.jsonl", ROWS), tokenizer=need(GPT2), format="text", out=tmp_path / "c1"))

@@ -145,3 +145,20 @@ def test_fingerprint_follows_every_option_and_the_content(tmp_path):
     assert base not in prints and len(set(prints)) == len(prints)
     with pytest.raises(TypeError, match="backend"):
         pl.tokenized(data, tokenizer=tokenizer, format="text", backend="arrow")
+
+
+def test_precache_check_scans_ahead_and_writes_nothing(tmp_path, capsys):
+    from portable_loader.precache.cli import main
+
+    tokenizer = need(GPT2)
+    rows = [{"instruction": f"q{i}", "output": f"a{i}"} for i in range(4)]
+    files = [jsonl(tmp_path / f"{i}.jsonl", rows) for i in range(3)]
+    args = ["--input", str(tmp_path / "*.jsonl"), "--tokenizer", tokenizer, "--format", "alpaca", "--out", str(tmp_path / "c"), "--check"]
+    assert main(args) == 0
+    out = capsys.readouterr().out
+    summary = build_cache(str(tmp_path / "*.jsonl"), tokenizer=tokenizer, format="alpaca", out=tmp_path / "c2", num_workers=0)[1]
+    assert f"rows out: {summary['rows_out']}" in out and f"tokens: {summary['tokens']} " in out
+    files[1].write_text(files[1].read_text().replace('"a2"', "7"))
+    assert main(args) == 1
+    assert f"error: {files[1]}: line 3: field output: expected a string" in capsys.readouterr().err
+    assert not (tmp_path / "c").exists()
