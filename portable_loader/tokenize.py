@@ -143,14 +143,14 @@ def load_tokenizer(path: str, chat_template: str | None = None, eos_token: str |
     """
     os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
     try:
-        from transformers import AutoTokenizer, PreTrainedTokenizerFast
+        from transformers import PreTrainedTokenizerFast
     except ImportError as e:  # pragma: no cover - the hf extra is missing
         raise TokenizerError(f"tokenizing needs the 'hf' extra (pip install portable-loader[hf]): {e}") from None
     try:
         if os.path.isfile(path):
             tok = PreTrainedTokenizerFast(tokenizer_file=path)
         elif os.path.isfile(os.path.join(path, "tokenizer_config.json")):
-            tok = AutoTokenizer.from_pretrained(path, local_files_only=True)
+            tok = _named_class(path).from_pretrained(path, local_files_only=True)
         else:
             tok = PreTrainedTokenizerFast(tokenizer_file=os.path.join(path, "tokenizer.json"))
     except Exception as e:  # transformers raises many types for unreadable folders
@@ -169,6 +169,32 @@ def load_tokenizer(path: str, chat_template: str | None = None, eos_token: str |
     if chat_template is not None:
         tok.chat_template = read_template(chat_template)
     return tok
+
+
+def _named_class(path: str):
+    """The class ``tokenizer_config.json`` names, imported alone; else ``AutoTokenizer``.
+
+    AutoTokenizer resolves the same class, but importing it imports torch (transformers' configs do):
+    seconds and ~200 MiB in every process that only tokenizes.
+    """
+    import json
+
+    import transformers
+
+    try:
+        with open(os.path.join(path, "tokenizer_config.json"), encoding="utf-8") as f:
+            name = json.load(f).get("tokenizer_class")
+    except (OSError, ValueError, AttributeError):
+        name = None
+    # AutoTokenizer prefers the fast class, so the Fast name first (an alias of the plain one in transformers 5).
+    for candidate in (f"{name}Fast", name) if isinstance(name, str) and name.isidentifier() else ():
+        try:
+            return getattr(transformers, candidate)
+        except (AttributeError, ImportError):  # not a class this transformers knows
+            continue
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer
 
 
 def read_template(template: str) -> str:

@@ -162,3 +162,20 @@ def test_precache_check_scans_ahead_and_writes_nothing(tmp_path, capsys):
     assert main(args) == 1
     assert f"error: {files[1]}: line 3: field output: expected a string" in capsys.readouterr().err
     assert not (tmp_path / "c").exists()
+
+
+def test_load_tokenizer_matches_autotokenizer_without_importing_torch():
+    import subprocess
+    import sys
+
+    from transformers import AutoTokenizer
+
+    from portable_loader.tokenize import load_tokenizer
+
+    path = need(PHI3)
+    ours, auto = load_tokenizer(path), AutoTokenizer.from_pretrained(path, local_files_only=True)
+    texts = ["Hello <|end|> world </s>", "  spaces\n\nand\ttabs", "ünïcödé 漢字 🤗"]
+    assert type(ours) is type(auto) and ours.eos_token_id == auto.eos_token_id and ours.chat_template == auto.chat_template
+    assert [ours(t)["input_ids"] for t in texts] == [auto(t)["input_ids"] for t in texts]
+    code = f"import sys; from portable_loader.tokenize import load_tokenizer; load_tokenizer({path!r}); print('torch' in sys.modules)"
+    assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip() == "False"

@@ -40,7 +40,7 @@ _EMPTY_MASK = np.zeros(0, dtype=np.uint8)
 _ENCODE_ROWS = 256  # rows per encode_batch call: the tokenizer's batch, and a bad row's blast radius
 
 
-def tokenized(input, *, tokenizer: str, format: str, memo_tokens: int = 1 << 22, **options) -> "Tokenized":
+def tokenized(input, *, tokenizer: str, format: str, memo_tokens: int = 1 << 21, **options) -> "Tokenized":
     """A random-access dataset over ``input`` that tokenizes each record when it is read.
 
     ``input`` and ``options`` are those of :func:`portable_loader.precache` that decide the records:
@@ -73,7 +73,7 @@ class Tokenized(Dataset):
 
     cheap_lengths = False  # a length costs a tokenization
 
-    def __init__(self, table, config: dict, key_parts: dict, *, memo_tokens: int = 1 << 22):
+    def __init__(self, table, config: dict, key_parts: dict, *, memo_tokens: int = 1 << 21):
         from portable_loader.cache.manifest import cache_key
 
         self.table, self.config, self.memo_tokens = table, config, memo_tokens
