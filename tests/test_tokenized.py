@@ -2,6 +2,7 @@
 many-file inputs, lazy bad rows and drops, validate(), the fingerprint."""
 
 import json
+import os
 
 import numpy as np
 import pytest
@@ -179,3 +180,21 @@ def test_load_tokenizer_matches_autotokenizer_without_importing_torch():
     assert [ours(t)["input_ids"] for t in texts] == [auto(t)["input_ids"] for t in texts]
     code = f"import sys; from portable_loader.tokenize import load_tokenizer; load_tokenizer({path!r}); print('torch' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip() == "False"
+
+
+def test_windows_tokenized_for_lengths_reach_workers_without_a_second_tokenization(tmp_path):
+    import pickle
+
+    from portable_loader.dataset import spill
+
+    ds = pl.tokenized(jsonl(tmp_path / "d.jsonl", ROWS), tokenizer=need(GPT2), format="text")
+    fresh = pl.tokenized(tmp_path / "d.jsonl", tokenizer=need(GPT2), format="text")
+    for w in range(spill.KEEP + 2):  # more windows than the hand-over keeps
+        ds.lengths(range(5 * w, 5 * w + 5))
+    worker = pickle.loads(pickle.dumps(ds))  # what a spawned worker gets: a reader, no tokenizer
+    kept = range(10, 5 * (spill.KEEP + 2))
+    assert_same_records(worker[list(kept)], fresh[list(kept)])
+    assert worker._fmt is None  # every record came from the hand-over
+    assert_same_records(worker[0:10] + worker[55:], fresh[0:10] + fresh[55:])  # dropped and unseen: tokenized
+    ds._spill.close()
+    assert not os.path.exists(ds._spill.dir)

@@ -13,7 +13,9 @@ see docs/tokenized.md.
 
 A row index (the byte offset of every line, Parquet row groups) gives random access; tokens and
 lengths of recently read records are kept (bounded by ``memo_tokens``) so the loader's packing
-planner, which asks for a window's lengths before its records, tokenizes each record once.
+planner, which asks for a window's lengths before its records, tokenizes each record once: records
+tokenized in the main process for their lengths reach the loader's worker processes through
+:class:`~portable_loader.dataset.spill.Spill` files instead of being tokenized again there.
 
 Example:
     >>> import portable_loader as pl
@@ -32,6 +34,7 @@ from typing import Sequence
 import numpy as np
 
 from portable_loader.dataset.base import Dataset
+from portable_loader.dataset.spill import Spill
 
 __all__ = ["Tokenized", "tokenized"]
 
@@ -85,6 +88,8 @@ class Tokenized(Dataset):
         self._memo: OrderedDict = OrderedDict()
         self._memo_size = 0
         self._lock = threading.Lock()  # the memo is shared by a thread engine's fetch threads
+        # Windows tokenized here for their lengths are handed to the loader's worker processes.
+        self._owner, self._spill = os.getpid(), Spill()
         self._formatter()  # fails now, not in a worker, for a tokenizer without EOS or chat template
 
     @property
@@ -110,8 +115,10 @@ class Tokenized(Dataset):
             )
         return fmt
 
-    def __getstate__(self):  # a spawned worker loads its own tokenizer and starts with no memo
-        return dict(self.__dict__, _fmt=None, _memo=OrderedDict(), _memo_size=0, _lock=None)
+    def __getstate__(self):
+        # A spawned worker loads its own tokenizer when it must, starts with no memo, and reads the
+        # hand-over (_owner None: no process owns a pickled copy's spill).
+        return dict(self.__dict__, _fmt=None, _memo=OrderedDict(), _memo_size=0, _lock=None, _owner=None)
 
     def __setstate__(self, state):
         self.__dict__.update(state, _lock=threading.Lock())
@@ -163,6 +170,9 @@ class Tokenized(Dataset):
         with self._lock:
             have = {i: self._memo[i] for i in idx if i in self._memo}
         missing = [i for i in idx if i not in have]
+        if missing and os.getpid() != self._owner:
+            have.update(self._spill.read(missing))
+            missing = [i for i in idx if i not in have]
         if missing:
             have.update(self._tokenize(missing))
         return [have[i] for i in idx]
@@ -174,9 +184,11 @@ class Tokenized(Dataset):
         idx = np.asarray(indices, dtype=np.int64)
         if idx.size and (idx.min() < 0 or idx.max() >= len(self)):
             raise IndexError(f"record index out of range for a dataset of {len(self)} records")
-        unknown = idx[self._lengths[idx] < 0]
-        if unknown.size:
-            self._records(np.unique(unknown))
+        unknown = np.unique(idx[self._lengths[idx] < 0]).tolist()
+        if unknown:
+            fresh = self._tokenize(unknown)
+            if os.getpid() == self._owner:
+                self._spill.write(fresh)
         return self._lengths[idx].copy()
 
     def validate(self) -> dict:
