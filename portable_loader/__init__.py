@@ -11,6 +11,7 @@ Example:
 from portable_loader.batch_size import BatchSchedule, rampup
 from portable_loader.cache import open_cache
 from portable_loader.dataset import Dataset, mix, source
+from portable_loader.dataset.tokenized import tokenized
 from portable_loader.loader import DataLoader
 from portable_loader.errors import BadRowError, CacheError, InputError, PortableLoaderError, StateError, TokenizerError
 from portable_loader.precache import cache_info, list_caches, precache, remove_cache
@@ -35,5 +36,6 @@ __all__ = [
     "rampup",
     "remove_cache",
     "source",
+    "tokenized",
 ]
 __version__ = "0.1.0"

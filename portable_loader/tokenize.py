@@ -100,6 +100,13 @@ _CHAT_ROLES = ("system", "user", "assistant")
 _MARK = "\ue000portable_loader:{}\ue001"  # private-use characters around a turn number
 
 
+def _bad_row(path: str, where, field: str | None, problem: str) -> BadRowError:
+    """A BadRowError; ``where`` is ``"line 3"``, or ``(file, "line 3")`` for an input of many files."""
+    if isinstance(where, tuple):
+        path, where = where
+    return BadRowError(path, where, field, problem)
+
+
 def _tokenizer_dir(path: str) -> str:
     return os.path.dirname(path) if os.path.isfile(path) else path
 
@@ -136,14 +143,14 @@ def load_tokenizer(path: str, chat_template: str | None = None, eos_token: str |
     """
     os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
     try:
-        from transformers import AutoTokenizer, PreTrainedTokenizerFast
+        from transformers import PreTrainedTokenizerFast
     except ImportError as e:  # pragma: no cover - the hf extra is missing
         raise TokenizerError(f"tokenizing needs the 'hf' extra (pip install portable-loader[hf]): {e}") from None
     try:
         if os.path.isfile(path):
             tok = PreTrainedTokenizerFast(tokenizer_file=path)
         elif os.path.isfile(os.path.join(path, "tokenizer_config.json")):
-            tok = AutoTokenizer.from_pretrained(path, local_files_only=True)
+            tok = _named_class(path).from_pretrained(path, local_files_only=True)
         else:
             tok = PreTrainedTokenizerFast(tokenizer_file=os.path.join(path, "tokenizer.json"))
     except Exception as e:  # transformers raises many types for unreadable folders
@@ -162,6 +169,32 @@ def load_tokenizer(path: str, chat_template: str | None = None, eos_token: str |
     if chat_template is not None:
         tok.chat_template = read_template(chat_template)
     return tok
+
+
+def _named_class(path: str):
+    """The class ``tokenizer_config.json`` names, imported alone; else ``AutoTokenizer``.
+
+    AutoTokenizer resolves the same class, but importing it imports torch (transformers' configs do):
+    seconds and ~200 MiB in every process that only tokenizes.
+    """
+    import json
+
+    import transformers
+
+    try:
+        with open(os.path.join(path, "tokenizer_config.json"), encoding="utf-8") as f:
+            name = json.load(f).get("tokenizer_class")
+    except (OSError, ValueError, AttributeError):
+        name = None
+    # AutoTokenizer prefers the fast class, so the Fast name first (an alias of the plain one in transformers 5).
+    for candidate in (f"{name}Fast", name) if isinstance(name, str) and name.isidentifier() else ():
+        try:
+            return getattr(transformers, candidate)
+        except (AttributeError, ImportError):  # not a class this transformers knows
+            continue
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer
 
 
 def read_template(template: str) -> str:
@@ -250,7 +283,7 @@ class Formatter:
         column = self.fields.get(name, name)
         if column not in row or row[column] is None:
             if required:
-                raise BadRowError(self.path, where(), column, self._missing(row, name, column))
+                raise _bad_row(self.path, where(), column, self._missing(row, name, column))
             return None
         return row[column]
 
@@ -287,28 +320,28 @@ class Formatter:
             try:
                 return split_transcript(text, self.transcript)
             except ValueError as e:
-                raise BadRowError(self.path, where(), column, str(e)) from None
+                raise _bad_row(self.path, where(), column, str(e)) from None
         if "messages" in self.fields or "messages" in row:
             column, role_key, text_key, roles = self.fields.get("messages", "messages"), "role", "content", None
         elif "conversations" in self.fields or "conversations" in row:
             column, role_key, text_key, roles = self.fields.get("conversations", "conversations"), "from", "value", _SHAREGPT_ROLES
         else:
-            raise BadRowError(
+            raise _bad_row(
                 self.path, where(), "messages",
                 f"missing (expected 'messages' or 'conversations'); the row has: {', '.join(sorted(map(str, row))) or 'no fields'}",
             )
         turns = row.get(column)
         if not isinstance(turns, list):
-            raise BadRowError(self.path, where(), column, f"expected a list of turns, got {type(turns).__name__}")
+            raise _bad_row(self.path, where(), column, f"expected a list of turns, got {type(turns).__name__}")
         messages = []
         for i, turn in enumerate(turns):
             field = f"{column}[{i}]"
             if not isinstance(turn, dict):
-                raise BadRowError(self.path, where(), field, f"expected an object, got {type(turn).__name__}")
+                raise _bad_row(self.path, where(), field, f"expected an object, got {type(turn).__name__}")
             role, content = turn.get(role_key), turn.get(text_key)
             role = roles.get(role) if roles is not None and isinstance(role, str) else role
             if role not in _CHAT_ROLES:
-                raise BadRowError(self.path, where(), f"{field}.{role_key}", f"unknown chat role {turn.get(role_key)!r}")
+                raise _bad_row(self.path, where(), f"{field}.{role_key}", f"unknown chat role {turn.get(role_key)!r}")
             _check_text(content, self.path, where, f"{field}.{text_key}")
             messages.append({"role": role, "content": content})
         return messages
@@ -323,7 +356,7 @@ class Formatter:
                 [dict(m, content=_MARK.format(i)) for i, m in enumerate(messages)], tokenize=False
             )
         except Exception as e:  # the template's own raise_exception, or a jinja error
-            raise BadRowError(self.path, where(), "messages", f"chat template failed: {e}") from None
+            raise _bad_row(self.path, where(), "messages", f"chat template failed: {e}") from None
         spans, shift, at = [], 0, 0
         for i, m in enumerate(messages):
             content, mark = m["content"], _MARK.format(i)
@@ -332,7 +365,7 @@ class Formatter:
             if found < 0 or text[start : start + len(content)] != content:
                 if m["role"] != "assistant" and found < 0:
                     continue  # a turn the template leaves out
-                raise BadRowError(
+                raise _bad_row(
                     self.path, where(), "messages",
                     f"the chat template does not embed this {m['role']} turn verbatim; cannot place the loss mask",
                 )
@@ -358,7 +391,7 @@ class Formatter:
                 if isinstance(row, BadRowError):
                     raise row
                 if not isinstance(row, dict):
-                    raise BadRowError(self.path, where(i), None, f"expected an object, got {type(row).__name__}")
+                    raise _bad_row(self.path, where(i), None, f"expected an object, got {type(row).__name__}")
                 text, row_spans = self._render(row, lambda i=i: where(i))
             except BadRowError:
                 if self.on_bad_row != "skip":
@@ -488,11 +521,11 @@ def split_transcript(text: str, markers: dict[str, str]) -> list[dict]:
 
 def _check_text(value, path: str, where: Callable[[], str], field: str) -> None:
     if not isinstance(value, str):
-        raise BadRowError(path, where(), field, f"expected a string, got {type(value).__name__}")
+        raise _bad_row(path, where(), field, f"expected a string, got {type(value).__name__}")
     try:
         value.encode("utf-8")
     except UnicodeEncodeError as e:  # a lone surrogate from a JSON "\\udXXX" escape: not text
-        raise BadRowError(path, where(), field, f"not valid Unicode: {e.reason} at character {e.start}") from None
+        raise _bad_row(path, where(), field, f"not valid Unicode: {e.reason} at character {e.start}") from None
 
 
 def _find(seq: list, sub: list) -> int:

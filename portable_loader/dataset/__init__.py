@@ -16,5 +16,6 @@ from portable_loader.dataset.base import Dataset
 from portable_loader.dataset.mixture import Mix, mix
 from portable_loader.dataset.sources import source
 from portable_loader.dataset.transforms import Map
+from portable_loader.dataset.tokenized import Tokenized, tokenized  # noqa: F401
 
-__all__ = ["Dataset", "Map", "Mix", "mix", "source"]
+__all__ = ["Dataset", "Map", "Mix", "Tokenized", "mix", "source", "tokenized"]

@@ -41,7 +41,7 @@ from portable_loader.cache.manifest import (
 from portable_loader.cache.publish import clean_stale, publish, temp_dir
 from portable_loader.cache.writer import ARRAY_RECORD_OPTIONS
 from portable_loader.errors import CacheError, PortableLoaderError
-from portable_loader.inputs import open_input
+from portable_loader.io import describe, open_inputs
 from portable_loader.precache.engine import cached_tokenizer, run_tasks
 from portable_loader.precache.lock import locked, sweep_locks
 from portable_loader.precache.manage import cache_info, list_caches, remove_cache
@@ -58,7 +58,7 @@ from portable_loader.tokenize import (
     transcript_markers,
 )
 
-__all__ = ["precache", "build_cache", "sample_args", "cache_info", "list_caches", "remove_cache"]
+__all__ = ["precache", "build_cache", "prepare", "sample_args", "cache_info", "list_caches", "remove_cache"]
 
 
 def sample_args() -> dict[str, str]:
@@ -72,7 +72,7 @@ def sample_args() -> dict[str, str]:
 
 
 def build_cache(
-    input: str,
+    input,
     *,
     tokenizer: str,
     format: str,
@@ -98,50 +98,19 @@ def build_cache(
         (False, 300)
     """
     t0 = time.perf_counter()
-    if format not in FORMATS:
-        raise ValueError(f"format must be one of {FORMATS}, got {format!r}")
     if backend not in BACKENDS:
         raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
-    if on_bad_row not in ("error", "skip"):
-        raise ValueError(f"on_bad_row must be 'error' or 'skip', got {on_bad_row!r}")
-    if max_length is not None and (not _is_int(max_length) or max_length < MIN_MAX_LENGTH):
-        raise ValueError(f"max_length must be an integer >= {MIN_MAX_LENGTH} (or None for no limit), got {max_length!r}")
     if num_workers is not None and (not _is_int(num_workers) or num_workers < 0):
         raise ValueError(f"num_workers must be an integer >= 0 (0: in this process; None: all cores), got {num_workers!r}")
-    fields = check_fields(format, fields)
-    if transcript is not None:
-        if format != "chat":
-            raise ValueError(f"transcript applies to the chat format only, not {format!r}")
-        transcript = transcript_markers(transcript)
-    input, tokenizer, out = os.fspath(input), os.fspath(tokenizer), os.fspath(out)
-    table = open_input(input, split)
-    config = {
-        "input": os.path.abspath(input),
-        "split": split,
-        "tokenizer": os.path.abspath(tokenizer),
-        "chat_template": chat_template,
-        "eos_token": eos_token,
-        "format": format,
-        "fields": dict(sorted((fields or {}).items())),
-        "max_length": max_length,
-        "overlong": overlong,
-        "on_bad_row": on_bad_row,
-        "backend": backend,
-        "transcript": transcript,
-    }
-    key_parts = {
-        "format_version": FORMAT_VERSION,
-        "input": table.identity(),
-        # The files decide the tokenizer's EOS and chat template; overrides are hashed as text.
-        "tokenizer_files": tokenizer_identity(tokenizer),
-        "chat_template": read_template(chat_template) if chat_template is not None and format == "chat" else None,
-        "eos_token": eos_token,
-        "alpaca_template": [ALPACA_PROMPT, ALPACA_PROMPT_NO_INPUT] if format == "alpaca" else None,
-        **{k: config[k] for k in ("format", "fields", "max_length", "overlong", "on_bad_row", "backend")},
-        # Absent when unset, so that caches built before the option existed keep their keys.
-        **({"transcript": transcript} if transcript is not None else {}),
-        **({"array_record_options": ARRAY_RECORD_OPTIONS} if backend == "array_record" else {}),
-    }
+    table, config, key_parts = prepare(
+        input, tokenizer=tokenizer, format=format, max_length=max_length, overlong=overlong, fields=fields,
+        split=split, chat_template=chat_template, eos_token=eos_token, on_bad_row=on_bad_row, transcript=transcript,
+    )
+    config["backend"] = key_parts["backend"] = backend
+    if backend == "array_record":  # see cache/writer.py
+        key_parts["array_record_options"] = ARRAY_RECORD_OPTIONS
+    fields, transcript = config["fields"], config["transcript"]
+    tokenizer, out = config["tokenizer"], os.fspath(out)
     key = cache_key(key_parts)
     name = f"{format}-{key[:20]}"
     final = os.path.join(out, name)
@@ -160,7 +129,7 @@ def build_cache(
 
         tok = cached_tokenizer(config["tokenizer"], chat_template, eos_token, key)
         # Validates the format against the tokenizer (EOS, chat template) before any work.
-        Formatter(format, tok, fields=fields, max_length=max_length, overlong=overlong, path=input, transcript=transcript)
+        Formatter(format, tok, fields=fields, max_length=max_length, overlong=overlong, path=table.path, transcript=transcript)
         tmp = None
         try:
             tmp = temp_dir(out, name)
@@ -176,6 +145,71 @@ def build_cache(
             raise
     seconds = time.perf_counter() - t0
     return final, {**manifest["counts"], "hit": False, "seconds": seconds, "path": final}
+
+
+def prepare(
+    input,
+    *,
+    tokenizer: str,
+    format: str,
+    max_length: int | None = None,
+    overlong: str = "drop",
+    fields: dict[str, str] | None = None,
+    split: str | None = None,
+    chat_template: str | None = None,
+    eos_token: str | None = None,
+    on_bad_row: str = "error",
+    transcript: str | dict[str, str] | None = None,
+) -> tuple:
+    """Check the options that decide the records, open the input: ``(table, config, key_parts)``.
+
+    What ``build_cache`` and :func:`portable_loader.tokenized` share; ``key_parts`` (less the backend,
+    which the caller adds) are what the cache key hashes.
+
+    Example:
+        >>> table, config, parts = prepare("x.jsonl", tokenizer="tok/", format="text")  # doctest: +SKIP
+    """
+    if format not in FORMATS:
+        raise ValueError(f"format must be one of {FORMATS}, got {format!r}")
+    if overlong not in ("drop", "truncate"):
+        raise ValueError(f"overlong must be 'drop' or 'truncate', got {overlong!r}")
+    if on_bad_row not in ("error", "skip"):
+        raise ValueError(f"on_bad_row must be 'error' or 'skip', got {on_bad_row!r}")
+    if max_length is not None and (not _is_int(max_length) or max_length < MIN_MAX_LENGTH):
+        raise ValueError(f"max_length must be an integer >= {MIN_MAX_LENGTH} (or None for no limit), got {max_length!r}")
+    fields = check_fields(format, fields)
+    if transcript is not None:
+        if format != "chat":
+            raise ValueError(f"transcript applies to the chat format only, not {format!r}")
+        transcript = transcript_markers(transcript)
+    tokenizer = os.fspath(tokenizer)
+    table = open_inputs(input, split)
+    config = {
+        "input": describe(input),
+        "split": split,
+        "tokenizer": os.path.abspath(tokenizer),
+        "chat_template": chat_template,
+        "eos_token": eos_token,
+        "format": format,
+        "fields": dict(sorted((fields or {}).items())),
+        "max_length": max_length,
+        "overlong": overlong,
+        "on_bad_row": on_bad_row,
+        "transcript": transcript,
+    }
+    key_parts = {
+        "format_version": FORMAT_VERSION,
+        "input": table.identity(),
+        # The files decide the tokenizer's EOS and chat template; overrides are hashed as text.
+        "tokenizer_files": tokenizer_identity(tokenizer),
+        "chat_template": read_template(chat_template) if chat_template is not None and format == "chat" else None,
+        "eos_token": eos_token,
+        "alpaca_template": [ALPACA_PROMPT, ALPACA_PROMPT_NO_INPUT] if format == "alpaca" else None,
+        **{k: config[k] for k in ("format", "fields", "max_length", "overlong", "on_bad_row")},
+        # Absent when unset, so that caches built before the option existed keep their keys.
+        **({"transcript": transcript} if transcript is not None else {}),
+    }
+    return table, config, key_parts
 
 
 def _is_int(x) -> bool:
@@ -214,7 +248,7 @@ def _tokenize_into(tmp: str, table, config: dict, num_workers: int | None, show_
     }
     if counts["rows_out"] == 0:
         raise PortableLoaderError(
-            f"{config['input']}: all {counts['rows_in']} rows were dropped ({_fmt_dropped(counts['dropped'])}): "
+            f"{table.path}: all {counts['rows_in']} rows were dropped ({_fmt_dropped(counts['dropped'])}): "
             "nothing to cache"
         )
     content = sum(r["content"] for r in results) % (1 << 128)
@@ -229,8 +263,11 @@ def _tokenize_into(tmp: str, table, config: dict, num_workers: int | None, show_
     }
 
 
-def precache(input: str, *, tokenizer: str, format: str, out: str, **options) -> str:
+def precache(input, *, tokenizer: str, format: str, out: str, **options) -> str:
     """Tokenize ``input`` into a cache under ``out`` (or find it there) and return the cache's path.
+
+    ``input``: a file, a folder of files, a glob, a list of these, or a ``datasets.Dataset`` (see
+    :mod:`portable_loader.io.files` for the row order).
 
     Options: ``max_length`` (>= 2), ``overlong="drop"|"truncate"``, ``num_workers`` (default: all
     cores; 0 or 1: in this process), ``backend="arrow"|"array_record"``,

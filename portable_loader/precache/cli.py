@@ -97,7 +97,9 @@ def _build_parser() -> argparse.ArgumentParser:
         "each takes --help.",
         formatter_class=_Help,
     )
-    p.add_argument("--input", help="JSONL(.gz), JSON list, Parquet, .txt, or a datasets.save_to_disk folder")
+    p.add_argument("--input", nargs="+", metavar="PATH",
+                   help="files (JSONL(.gz), JSON list, Parquet, .txt), folders of them, globs, or a "
+                   "datasets.save_to_disk folder; several are read in the order given")
     p.add_argument("--format", choices=FORMATS, help="text: loss on all; alpaca, chat: loss on the answers only")
     p.add_argument("--tokenizer", help="local tokenizer folder (tokenizer.json [+ tokenizer_config.json])")
     p.add_argument("--out", default="portable_loader_cache", help="parent directory of caches")
@@ -123,6 +125,8 @@ def _build_parser() -> argparse.ArgumentParser:
                    help="a malformed row stops the run, or is skipped and counted")
     p.add_argument("--force", action="store_true", help="rebuild even if the cache exists")
     p.add_argument("--verify", action="store_true", help="check every shard's checksum of the resulting cache")
+    p.add_argument("--check", action="store_true",
+                   help="tokenize the whole input and report its counts and its first bad row; write no cache")
     return p
 
 
@@ -135,6 +139,10 @@ def _build(argv: list[str]) -> int:
     missing = [f"--{n}" for n in ("input", "format", "tokenizer") if getattr(args, n) is None]
     if missing:
         p.error(f"missing {', '.join(missing)} (or give none of them to use the bundled sample)")
+    if isinstance(args.input, list) and len(args.input) == 1:
+        args.input = args.input[0]  # one path keeps the key a single input always had
+    if args.check:
+        return _check(args)
     try:
         path, s = build_cache(
             args.input, tokenizer=args.tokenizer, format=args.format, out=args.out, max_length=args.max_length,
@@ -163,6 +171,29 @@ def _build(argv: list[str]) -> int:
     if args.verify:
         print("verified: every shard checksum matches")
     print(path)
+    return 0
+
+
+def _check(args) -> int:
+    """``--check``: what a build would report, with no cache written (and the first bad row as the error)."""
+    from portable_loader.dataset.tokenized import tokenized
+
+    t0 = time.perf_counter()
+    try:
+        s = tokenized(
+            args.input, tokenizer=args.tokenizer, format=args.format, max_length=args.max_length,
+            overlong=args.overlong, fields=_parse_fields(args.field), split=args.split,
+            chat_template=args.chat_template, eos_token=args.eos_token, on_bad_row=args.on_bad_row,
+            transcript=_parse_transcript(args.transcript),
+        ).validate()
+    except PortableLoaderError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    print(
+        f"check passed: rows in: {s['rows_in']}  rows out: {s['rows_out']}  dropped: {_fmt_dropped(s['dropped'])}  "
+        f"truncated: {s['truncated']}\ntokens: {s['tokens']} ({s['trainable_tokens']} trained)  "
+        f"seconds: {time.perf_counter() - t0:.2f}  (no cache written)"
+    )
     return 0
 
 

@@ -51,7 +51,7 @@ def _worker(task: dict, slot: int) -> dict:
     tok = cached_tokenizer(cfg["tokenizer"], cfg["chat_template"], cfg["eos_token"], task["tokenizer_files"])
     fmt = Formatter(
         cfg["format"], tok, fields=cfg["fields"], max_length=cfg["max_length"], overlong=cfg["overlong"],
-        path=cfg["input"], on_bad_row=cfg["on_bad_row"], transcript=cfg["transcript"],
+        path=table.path, on_bad_row=cfg["on_bad_row"], transcript=cfg["transcript"],
     )
     writer = ShardWriter(task["shard_path"], cfg["backend"])
     dropped: Counter = Counter()

@@ -1,0 +1,221 @@
+"""Tokenize on read: ``tokenized(input, tokenizer=..., format=...)``, a dataset with no cache behind it.
+
+Record ``i`` is row ``i`` of the input (files in order, rows in file order, blank lines left out),
+rendered and tokenized by the same :class:`~portable_loader.tokenize.Formatter` and options as
+``precache``, when it is read. When no row is dropped the records, in order, equal the cache's, so
+loader batches (padded or packed, any ``num_workers``, resumed or not) equal a cache's bit for bit.
+
+A row that the cache would drop (over-long with ``overlong="drop"``, no target, a bad row skipped
+with ``on_bad_row="skip"``) reads as an empty record and is counted in :attr:`Tokenized.dropped`
+(of this process). Packing leaves an empty record out; padding gives it an all-padding row with no
+loss. Record numbers then differ from the cache's (which has no such rows), so the stream differs:
+see docs/tokenized.md.
+
+A row index (the byte offset of every line, Parquet row groups) gives random access; tokens and
+lengths of recently read records are kept (bounded by ``memo_tokens``) so the loader's packing
+planner, which asks for a window's lengths before its records, tokenizes each record once: records
+tokenized in the main process for their lengths reach the loader's worker processes through
+:class:`~portable_loader.dataset.spill.Spill` files instead of being tokenized again there.
+
+Example:
+    >>> import portable_loader as pl
+    >>> ds = pl.tokenized("data/", tokenizer="phi-3-mini/", format="alpaca", max_length=2048)  # doctest: +SKIP
+    >>> ds[0]["input_ids"][:4], len(ds)                                                       # doctest: +SKIP
+    >>> loader = pl.DataLoader(ds, batch_size=8, seq_len=2048, packing=True, num_workers=4)    # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections import Counter, OrderedDict
+from typing import Sequence
+
+import numpy as np
+
+from portable_loader.dataset.base import Dataset
+from portable_loader.dataset.spill import Spill
+
+__all__ = ["Tokenized", "tokenized"]
+
+_EMPTY_IDS = np.zeros(0, dtype=np.int32)
+_EMPTY_MASK = np.zeros(0, dtype=np.uint8)
+_ENCODE_ROWS = 256  # rows per encode_batch call: the tokenizer's batch, and a bad row's blast radius
+
+
+def tokenized(input, *, tokenizer: str, format: str, memo_tokens: int = 1 << 21, **options) -> "Tokenized":
+    """A random-access dataset over ``input`` that tokenizes each record when it is read.
+
+    ``input`` and ``options`` are those of :func:`portable_loader.precache` that decide the records:
+    ``max_length``, ``overlong``, ``fields``, ``split``, ``chat_template``, ``eos_token``,
+    ``on_bad_row``, ``transcript``. ``memo_tokens`` bounds the tokens kept for records read recently.
+
+    Example:
+        >>> ds = tokenized("train.jsonl", tokenizer="gpt2/", format="text", max_length=1024)  # doctest: +SKIP
+        >>> ds.validate()["dropped"]                                                          # doctest: +SKIP
+        {'overlong': 3}
+    """
+    from portable_loader.precache import prepare
+
+    allowed = {"max_length", "overlong", "fields", "split", "chat_template", "eos_token", "on_bad_row", "transcript"}
+    unknown = sorted(set(options) - allowed)
+    if unknown:
+        raise TypeError(f"tokenized() got options it does not take: {unknown} (it takes {sorted(allowed)})")
+    table, config, key_parts = prepare(input, tokenizer=tokenizer, format=format, **options)
+    return Tokenized(table, config, key_parts, memo_tokens=memo_tokens)
+
+
+class Tokenized(Dataset):
+    """Rows of an input table, tokenized when read; made by :func:`tokenized`.
+
+    Example:
+        >>> ds = tokenized("train.jsonl", tokenizer="gpt2/", format="text")  # doctest: +SKIP
+        >>> ds.lengths([0, 1])                                                # doctest: +SKIP
+        array([57, 212])
+    """
+
+    cheap_lengths = False  # a length costs a tokenization
+
+    def __init__(self, table, config: dict, key_parts: dict, *, memo_tokens: int = 1 << 21):
+        from portable_loader.cache.manifest import cache_key
+
+        self.table, self.config, self.memo_tokens = table, config, memo_tokens
+        self.rows = table.present()  # record i is window row rows[i]
+        # The cache key's parts, less the backend: every option that changes a record changes it.
+        self.key = cache_key(key_parts)
+        self.dropped: Counter = Counter()
+        self._lengths = np.full(self.rows.size, -1, dtype=np.int64)
+        self._memo: OrderedDict = OrderedDict()
+        self._memo_size = 0
+        self._lock = threading.Lock()  # the memo is shared by a thread engine's fetch threads
+        # Windows tokenized here for their lengths are handed to the loader's worker processes.
+        self._owner, self._spill = os.getpid(), Spill()
+        self._formatter()  # fails now, not in a worker, for a tokenizer without EOS or chat template
+
+    @property
+    def format(self) -> str:
+        return self.config["format"]
+
+    def __len__(self) -> int:
+        return int(self.rows.size)
+
+    def _identity(self) -> tuple:
+        return (self.key, len(self))
+
+    def _formatter(self):
+        fmt = getattr(self, "_fmt", None)
+        if fmt is None:
+            from portable_loader.tokenize import Formatter, load_tokenizer
+
+            c = self.config
+            tok = load_tokenizer(c["tokenizer"], c["chat_template"], c["eos_token"])
+            fmt = self._fmt = Formatter(
+                c["format"], tok, fields=c["fields"], max_length=c["max_length"], overlong=c["overlong"],
+                path=self.table.path, on_bad_row=c["on_bad_row"], transcript=c["transcript"],
+            )
+        return fmt
+
+    def __getstate__(self):
+        # A spawned worker loads its own tokenizer when it must, starts with no memo, and reads the
+        # hand-over (_owner None: no process owns a pickled copy's spill).
+        return dict(self.__dict__, _fmt=None, _memo=OrderedDict(), _memo_size=0, _lock=None, _owner=None)
+
+    def __setstate__(self, state):
+        self.__dict__.update(state, _lock=threading.Lock())
+
+    def reopen(self) -> "Tokenized":
+        # One loader worker per core: the tokenizer's own threads would only oversubscribe.
+        os.environ["TOKENIZERS_PARALLELISM"] = "false"
+        return self
+
+    def _tokenize(self, indices: Sequence[int]) -> dict:
+        """Tokenize records ``indices`` (not in the memo), keep them, and return {index: (ids, mask)}."""
+        fmt = self._formatter()
+        out = {}
+        todo = sorted(set(indices))
+        for at in range(0, len(todo), _ENCODE_ROWS):
+            part = todo[at : at + _ENCODE_ROWS]
+            window_rows = self.rows[part].tolist()
+            rows = self.table.get(window_rows)
+            present = [k for k, r in enumerate(rows) if r is not None]
+            results = [None] * len(part)
+            encoded = fmt.encode([rows[k] for k in present], lambda j: self.table.where(window_rows[present[j]]))
+            for k, r in zip(present, encoded):
+                results[k] = r
+            for i, r in zip(part, results):
+                if r is None or isinstance(r, str):
+                    self.dropped[r or "empty"] += 1
+                    r = (_EMPTY_IDS, _EMPTY_MASK)
+                out[i] = r
+                self._lengths[i] = r[0].size
+                self._remember(i, r)
+        return out
+
+    def _remember(self, i: int, record: tuple) -> None:
+        with self._lock:
+            if i in self._memo:
+                return
+            self._memo[i] = record
+            self._memo_size += record[0].size + 1
+            while self._memo_size > self.memo_tokens and self._memo:
+                _, old = self._memo.popitem(last=False)
+                self._memo_size -= old[0].size + 1
+
+    def _records(self, indices) -> list[tuple]:
+        idx = [int(i) for i in indices]
+        n = len(self)
+        bad = [i for i in idx if not 0 <= i < n]
+        if bad:
+            raise IndexError(f"record {bad[0]} out of range for a dataset of {n} records")
+        with self._lock:
+            have = {i: self._memo[i] for i in idx if i in self._memo}
+        missing = [i for i in idx if i not in have]
+        if missing and os.getpid() != self._owner:
+            have.update(self._spill.read(missing))
+            missing = [i for i in idx if i not in have]
+        if missing:
+            have.update(self._tokenize(missing))
+        return [have[i] for i in idx]
+
+    def __getitems__(self, indices) -> list[dict]:
+        return [{"input_ids": ids, "loss_mask": mask} for ids, mask in self._records(indices)]
+
+    def lengths(self, indices) -> np.ndarray:
+        idx = np.asarray(indices, dtype=np.int64)
+        if idx.size and (idx.min() < 0 or idx.max() >= len(self)):
+            raise IndexError(f"record index out of range for a dataset of {len(self)} records")
+        unknown = np.unique(idx[self._lengths[idx] < 0]).tolist()
+        if unknown:
+            fresh = self._tokenize(unknown)
+            if os.getpid() == self._owner:
+                self._spill.write(fresh)
+        return self._lengths[idx].copy()
+
+    def validate(self) -> dict:
+        """Tokenize the whole input once, in order: the first bad row raises (naming file and line).
+
+        Returns the counts a precache run reports: ``rows_in``, ``rows_out``, ``dropped``,
+        ``truncated``, ``tokens``, ``trainable_tokens``. Afterwards every length is known.
+
+        Example:
+            >>> tokenized("x.jsonl", tokenizer="gpt2/", format="text").validate()["rows_out"]  # doctest: +SKIP
+            300
+        """
+        fmt = self._formatter()
+        before, truncated_before = Counter(self.dropped), fmt.truncated
+        tokens = trainable = 0
+        for at in range(0, len(self), _ENCODE_ROWS):
+            part = list(range(at, min(len(self), at + _ENCODE_ROWS)))
+            records = self._tokenize(part)
+            for ids, mask in records.values():
+                tokens += ids.size
+                trainable += int(mask.sum())
+        dropped = self.dropped - before
+        return {
+            "rows_in": len(self),
+            "rows_out": len(self) - sum(dropped.values()),
+            "dropped": dict(sorted(dropped.items())),
+            "truncated": fmt.truncated - truncated_before,
+            "tokens": tokens,
+            "trainable_tokens": trainable,
+        }

@@ -1,0 +1,246 @@
+"""Inputs of many files: a folder, a glob, a list, or a ``datasets.Dataset``, read as one table.
+
+``open_inputs(spec)`` takes what ``pl.precache``, ``pl.tokenized`` and the CLI accept:
+
+* a file (``.parquet``, ``.jsonl``, ``.jsonl.gz``, ``.ndjson``, ``.json``, ``.txt``, ``.txt.gz``);
+* a folder: every supported file inside, recursively, sorted by path (other files, such as
+  ``_SUCCESS`` or ``README.md``, are ignored); a ``datasets.save_to_disk`` folder is one input;
+* a glob (``data/part-*.parquet``, ``**`` recursive): its matches sorted by path;
+* a list of any of these, read in the list's order (formats may mix);
+* in the API, a ``datasets.Dataset`` (or one split of a ``DatasetDict``) already in memory.
+
+Rows are numbered across files: the first file's rows, in file order, then the next file's. Every
+file must have the same columns (a mismatch names both files). The identity hashes every file's
+content, in order, so the cache key changes when any file does.
+
+Example:
+    >>> import json, os, tempfile
+    >>> d = tempfile.mkdtemp()
+    >>> for i in range(3):
+    ...     _ = open(os.path.join(d, f"part-{i}.jsonl"), "w").write(json.dumps({"text": str(i)}) + "\\n")
+    >>> table = open_inputs(d)
+    >>> len(table), [row["text"] for _, row in table.read(0, 3)], table.where(2)[1]
+    (3, ['0', '1', '2'], 'line 1')
+"""
+
+from __future__ import annotations
+
+import glob as globbing
+import os
+from typing import Any, Sequence
+
+import numpy as np
+
+from portable_loader.errors import InputError
+from portable_loader.io.tables import SUPPORTED, HFDiskTable, InputTable, open_input
+
+__all__ = ["open_inputs", "list_files", "describe", "MultiTable", "HFMemoryTable"]
+
+
+def _is_hf_folder(path: str) -> bool:
+    return any(os.path.isfile(os.path.join(path, n)) for n in ("state.json", "dataset_dict.json"))
+
+
+def _supported(path: str) -> bool:
+    return path.lower().endswith(SUPPORTED)
+
+
+def _unsupported(path: str) -> InputError:
+    return InputError(f"{path}: unsupported file type (supported: {', '.join(SUPPORTED)}, or a datasets.save_to_disk folder)")
+
+
+def _expand(entry: str) -> list[str]:
+    """The files (or save_to_disk folders) one entry of a spec names, in reading order."""
+    if os.path.isdir(entry):
+        if _is_hf_folder(entry):
+            return [entry]
+        found = []
+        for root, dirs, files in os.walk(entry):
+            dirs[:] = [d for d in dirs if not d.startswith(".")]
+            found += [os.path.join(root, f) for f in files if not f.startswith(".") and _supported(f)]
+        if not found:
+            raise InputError(f"{entry}: empty folder: no supported file inside (supported: {', '.join(SUPPORTED)})")
+        return sorted(found)
+    if os.path.exists(entry):
+        if not _supported(entry):
+            raise _unsupported(entry)
+        return [entry]
+    if any(c in entry for c in "*?["):
+        matches = sorted(globbing.glob(entry, recursive=True))
+        if not matches:
+            raise InputError(f"{entry}: the glob matches nothing")
+        files = []
+        for m in matches:
+            files += _expand(m) if os.path.isdir(m) else ([m] if _supported(m) else [])
+        if not files:
+            raise InputError(f"{entry}: the glob matches no supported file (supported: {', '.join(SUPPORTED)})")
+        return files
+    raise InputError(f"{entry}: no such file or folder")
+
+
+def list_files(spec) -> list[str]:
+    """The files (and ``save_to_disk`` folders) a path, folder, glob or list names, in reading order.
+
+    Example:
+        >>> list_files(["b.jsonl", "a.jsonl"])  # doctest: +SKIP
+        ['b.jsonl', 'a.jsonl']
+    """
+    entries = [spec] if isinstance(spec, (str, os.PathLike)) else list(spec)
+    if not entries:
+        raise InputError("an empty list of inputs")
+    files = []
+    for e in entries:
+        if not isinstance(e, (str, os.PathLike)):
+            raise InputError(f"inputs must be paths, folders or globs; got {type(e).__name__} in the list")
+        files += _expand(os.fspath(e))
+    return files
+
+
+def _hf_dataset(spec):
+    """``spec`` as a ``datasets.Dataset`` if it is one (a one-split ``DatasetDict`` too), else None."""
+    import sys
+
+    hf = sys.modules.get("datasets")  # only an imported module can have made spec
+    if hf is None:
+        return None
+    if isinstance(spec, hf.DatasetDict):
+        if len(spec) != 1:
+            raise InputError(f"a DatasetDict with splits {list(spec)}: pass one split, e.g. dd['train']")
+        return next(iter(spec.values()))
+    return spec if isinstance(spec, hf.Dataset) else None
+
+
+def describe(spec) -> Any:
+    """What a cache's config records as its input: an absolute path, a list of them, or a dataset's name."""
+    ds = _hf_dataset(spec)
+    if ds is not None:
+        return f"<datasets.Dataset {ds._fingerprint}>"
+    if isinstance(spec, (str, os.PathLike)):
+        return os.path.abspath(os.fspath(spec))
+    return [os.path.abspath(os.fspath(e)) for e in spec]
+
+
+def open_inputs(spec, split: str | None = None) -> InputTable:
+    """One table over everything ``spec`` names (see the module docstring); ``split`` cuts the whole.
+
+    A single file or ``save_to_disk`` folder opens as itself (its identity, so its cache key, is the one
+    it always had); anything else as a :class:`MultiTable`.
+
+    Example:
+        >>> open_inputs("data/*.parquet")  # doctest: +SKIP
+        >>> open_inputs("nothing-*.jsonl")
+        Traceback (most recent call last):
+        portable_loader.errors.InputError: nothing-*.jsonl: the glob matches nothing
+    """
+    ds = _hf_dataset(spec)
+    if ds is not None:
+        return HFMemoryTable(ds, split)
+    files = list_files(spec)
+    single = isinstance(spec, (str, os.PathLike)) and (os.path.isfile(spec) or len(files) == 1 and files[0] == os.fspath(spec))
+    if single:
+        return open_input(files[0], split)
+    return MultiTable([open_input(f) for f in files], split, name=_name(spec, files))
+
+
+def _name(spec, files: list[str]) -> str:
+    if isinstance(spec, (str, os.PathLike)):
+        return os.fspath(spec)
+    return f"{len(files)} files ({files[0]}, ...)"
+
+
+class HFMemoryTable(HFDiskTable):
+    """A ``datasets.Dataset`` in memory (or memory-mapped from its own cache files).
+
+    Identity: the dataset's own fingerprint (``datasets`` derives it from its source files and every
+    transform applied), its length and the split.
+    """
+
+    kind = "hf_dataset"
+
+    def __init__(self, ds, split: str | None):
+        self._ds = ds
+        self.path, self.split, self.split_name = f"<datasets.Dataset {ds._fingerprint}>", split, "train"
+        InputTable.__init__(self, self.path, len(ds), split)
+
+    def _dataset(self):
+        return self._ds
+
+    def _content_digest(self) -> str:
+        return self._ds._fingerprint
+
+
+def _columns(table: InputTable) -> list[str] | None:
+    """The table's column names: the schema where the file has one, else the first row's keys."""
+    if table.kind == "parquet":
+        import pyarrow.parquet as pq
+
+        return sorted(pq.ParquetFile(table.path).schema_arrow.names)
+    if table.kind in ("hf_disk", "hf_dataset"):
+        return sorted(table._dataset().column_names)
+    if table.kind == "txt":
+        return ["text"]
+    for _, row in table.read(0, min(len(table), 64)):
+        return sorted(row) if isinstance(row, dict) else None
+    return None
+
+
+class MultiTable(InputTable):
+    """Several tables read as one: rows of the first, then of the next; ``where`` names the file.
+
+    ``where(row)`` returns ``(file, "line 12")``; :class:`portable_loader.tokenize.Formatter` puts the
+    file into the error it raises for that row.
+
+    Example:
+        >>> t = MultiTable([open_input("a.jsonl"), open_input("b.parquet")], None, name="2 files")  # doctest: +SKIP
+    """
+
+    kind = "files"
+
+    def __init__(self, tables: Sequence[InputTable], split: str | None, *, name: str):
+        self.tables = list(tables)
+        first_cols, first = None, None
+        for t in self.tables:
+            cols = _columns(t)
+            if cols is None:
+                continue
+            if first_cols is None:
+                first_cols, first = cols, t
+            elif cols != first_cols:
+                only_a = sorted(set(first_cols) - set(cols))
+                only_b = sorted(set(cols) - set(first_cols))
+                raise InputError(
+                    f"columns differ between {first.path} and {t.path}: only in the first: {only_a or 'none'}; "
+                    f"only in the second: {only_b or 'none'}"
+                )
+        self.bounds = np.cumsum([0] + [len(t) for t in self.tables])
+        super().__init__(name, int(self.bounds[-1]), split)
+
+    def identity(self) -> dict:
+        return {"kind": self.kind, "files": [t.identity() for t in self.tables], "split": self.split, "rows": len(self)}
+
+    def _locate(self, raw: int) -> tuple[int, int]:
+        k = int(np.searchsorted(self.bounds, raw, side="right")) - 1
+        return k, raw - int(self.bounds[k])
+
+    def where(self, row: int) -> tuple[str, str]:
+        k, local = self._locate(self.start + row)
+        return self.tables[k].path, self.tables[k].where(local)
+
+    def _read_raw(self, lo, hi):
+        for k, t in enumerate(self.tables):
+            a, b = max(lo, int(self.bounds[k])), min(hi, int(self.bounds[k + 1]))
+            if a < b:
+                for local, row in t.read(a - int(self.bounds[k]), b - int(self.bounds[k])):
+                    yield int(self.bounds[k]) + local, row
+
+    def present(self) -> np.ndarray:
+        raw = np.concatenate([t.present() + self.bounds[k] for k, t in enumerate(self.tables)])
+        return raw[(raw >= self.start) & (raw < self.stop)] - self.start
+
+    def _get_raw(self, raw_rows):
+        rows = np.asarray(raw_rows, dtype=np.int64)
+        which = np.searchsorted(self.bounds, rows, side="right") - 1
+        for k in np.unique(which):
+            mine = rows[which == k]
+            got = self.tables[k].get((mine - self.bounds[k]).tolist())
+            yield from zip(mine.tolist(), got)
