@@ -118,7 +118,7 @@ def tokenizer_identity(path: str) -> dict:
         >>> sorted(tokenizer_identity("../shared/data/tokenizers/gpt2"))  # doctest: +SKIP
         ['tokenizer.json']
     """
-    from portable_loader.inputs import file_digest
+    from portable_loader.io import file_digest
 
     folder = _tokenizer_dir(path)
     if not os.path.isdir(folder):

@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from portable_loader.errors import BadRowError, InputError
-from portable_loader.inputs import open_input
+from portable_loader.io import open_input
 
 ROWS = [{"text": f"row {i} " + "x" * (i % 7), "n": i} for i in range(10_000)]
 

@@ -18,7 +18,7 @@ import os
 
 from portable_loader.digests import json_sha256
 from portable_loader.errors import CacheError
-from portable_loader.inputs import file_digest
+from portable_loader.io import file_digest
 
 FORMAT_VERSION = 1
 MANIFEST = "manifest.json"

@@ -20,7 +20,7 @@ import numpy as np
 
 from portable_loader.cache.manifest import BACKENDS
 from portable_loader.cache.publish import fsync_path
-from portable_loader.inputs import file_digest
+from portable_loader.io import file_digest
 
 _EXT = {"arrow": "arrow", "array_record": "array_record"}
 # Arrow record batches: few and large, so that opening reads few message headers (each one faults in
