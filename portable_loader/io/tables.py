@@ -27,6 +27,7 @@ from typing import Any, Iterator, Sequence
 import numpy as np
 
 from portable_loader.errors import BadRowError, InputError
+from portable_loader.io.remote import is_url, open_binary
 
 __all__ = ["InputTable", "open_input", "file_digest", "SUPPORTED"]
 
@@ -137,7 +138,16 @@ def _split_window(split: str | None, total: int, name: str) -> tuple[int, int]:
 
 
 def _open_bytes(path: str):
-    return gzip.open(path, "rb") if path.endswith(".gz") else open(path, "rb")
+    if not is_url(path):
+        return gzip.open(path, "rb") if path.endswith(".gz") else open(path, "rb")
+    raw = open_binary(path)
+    return gzip.GzipFile(fileobj=raw, mode="rb") if path.endswith(".gz") else raw
+
+
+def _parquet(path: str):
+    import pyarrow.parquet as pq
+
+    return pq.ParquetFile(open_binary(path) if is_url(path) else path)
 
 
 class _LineTable(InputTable):
@@ -295,7 +305,7 @@ class JsonListTable(InputTable):
 
     def _load(self) -> list:
         try:
-            with open(self.path, "rb") as f:
+            with _open_bytes(self.path) as f:
                 rows = json.load(f)
         except UnicodeDecodeError as e:
             raise InputError(f"{self.path}: not UTF-8: {e.reason}") from None
@@ -326,18 +336,14 @@ class ParquetTable(InputTable):
     kind = "parquet"
 
     def __init__(self, path: str, split: str | None):
-        import pyarrow.parquet as pq
-
         try:
-            total = pq.ParquetFile(path).metadata.num_rows
+            total = _parquet(path).metadata.num_rows
         except Exception as e:  # pyarrow raises several types for a bad file
             raise InputError(f"{path}: not a readable Parquet file: {e}") from None
         super().__init__(path, total, split)
 
     def _read_raw(self, lo, hi):
-        import pyarrow.parquet as pq
-
-        pf = pq.ParquetFile(self.path)
+        pf = _parquet(self.path)
         first = 0
         for g in range(pf.metadata.num_row_groups):
             n = pf.metadata.row_group(g).num_rows
@@ -348,17 +354,15 @@ class ParquetTable(InputTable):
             first += n
 
     def _get_raw(self, raw_rows):
-        import pyarrow.parquet as pq
-
         if getattr(self, "_group_starts", None) is None:
-            meta = pq.ParquetFile(self.path).metadata
+            meta = _parquet(self.path).metadata
             self._group_starts = np.cumsum([0] + [meta.row_group(g).num_rows for g in range(meta.num_row_groups)])
             self._group = (-1, None)  # the last row group read, decoded: a window reads each one a few times
         rows = np.asarray(raw_rows, dtype=np.int64)
         groups = np.searchsorted(self._group_starts, rows, side="right") - 1
         for g in np.unique(groups):
             if self._group[0] != g:
-                self._group = (g, pq.ParquetFile(self.path).read_row_group(int(g)))
+                self._group = (g, _parquet(self.path).read_row_group(int(g)))
             mine = rows[groups == g]
             for r, row in zip(mine.tolist(), self._group[1].take(mine - self._group_starts[g]).to_pylist()):
                 yield r, row
@@ -414,7 +418,7 @@ def _split_name(split: str | None) -> str | None:
 
 
 def _first_byte(path: str) -> bytes:
-    with open(path, "rb") as f:
+    with _open_bytes(path) as f:
         head = f.read(4096).lstrip(b"\xef\xbb\xbf \t\r\n")
     return head[:1]
 
@@ -428,9 +432,13 @@ def open_input(path: str, split: str | None = None) -> InputTable:
         portable_loader.errors.InputError: missing.jsonl: no such file or folder
     """
     path = os.fspath(path)
-    if not os.path.exists(path):
+    if is_url(path):
+        if not path.lower().endswith(SUPPORTED):
+            raise InputError(f"{path}: unsupported object type (supported: {', '.join(SUPPORTED)}; "
+                             "a datasets.save_to_disk folder must be local)")
+    elif not os.path.exists(path):
         raise InputError(f"{path}: no such file or folder")
-    if os.path.isdir(path):
+    elif os.path.isdir(path):
         return HFDiskTable(path, split)
     name = path.lower()
     if name.endswith(".parquet"):
