@@ -116,7 +116,7 @@ def test_rerun_is_a_hit_without_reading_the_input(published, s3):
     import portable_loader.io.tables as tables
 
     real, calls = tables._open_bytes, []
-    tables._open_bytes = lambda p: calls.append(p) or real(p)
+    tables._open_bytes = lambda *a: calls.append(a) or real(*a)
     try:
         again, summary = build("s3://bkt/in/chat.jsonl", "s3://bkt/caches")
     finally:
@@ -213,3 +213,21 @@ def test_killed_upload_leaves_nothing_openable_and_the_rerun_publishes(s3, tmp_p
     url, summary = build("s3://bkt/in/chat.jsonl", "s3://bkt/killed")
     assert url == "s3://" + cache and not summary["hit"]
     assert len(pl.open_cache(url, cache_dir=tmp_path)) == summary["rows_out"]
+
+
+def test_storage_options_reach_the_store(s3, published, tmp_path):
+    """With fsspec's env config set aside, ``storage_options`` alone point inputs, out and reads at the server."""
+    import fsspec.config
+
+    url = published[0]
+    saved = fsspec.config.conf.pop("s3")
+    s3fs.S3FileSystem.clear_instance_cache()
+    try:
+        so = {"endpoint_url": saved["endpoint_url"]}
+        again, summary = build("s3://bkt/in/chat.jsonl", "s3://bkt/caches", storage_options=so)
+        assert summary["hit"] and again == url
+        src = pl.open_cache(url, cache_dir=tmp_path, storage_options=so)
+        assert len(src) == summary["rows_out"] and src.remote["bytes_downloaded"] > 0
+    finally:
+        fsspec.config.conf["s3"] = saved
+        s3fs.S3FileSystem.clear_instance_cache()

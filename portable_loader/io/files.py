@@ -50,9 +50,9 @@ def _unsupported(path: str) -> InputError:
     return InputError(f"{path}: unsupported file type (supported: {', '.join(SUPPORTED)}, or a datasets.save_to_disk folder)")
 
 
-def _expand_url(entry: str) -> list[str]:
+def _expand_url(entry: str, storage_options: dict | None) -> list[str]:
     """The objects a URL names: itself, every supported object under a prefix, or a glob's matches."""
-    fs, path = filesystem(entry)
+    fs, path = filesystem(entry, storage_options)
     proto = entry.split("://", 1)[0]
     if any(c in path for c in "*?["):
         found = [p for p in sorted(fs.glob(path)) if _supported(p)]
@@ -71,10 +71,10 @@ def _expand_url(entry: str) -> list[str]:
     return [f"{proto}://{p}" for p in found]
 
 
-def _expand(entry: str) -> list[str]:
+def _expand(entry: str, storage_options: dict | None = None) -> list[str]:
     """The files (or save_to_disk folders) one entry of a spec names, in reading order."""
     if is_url(entry):
-        return _expand_url(entry)
+        return _expand_url(entry, storage_options)
     if os.path.isdir(entry):
         if _is_hf_folder(entry):
             return [entry]
@@ -102,7 +102,7 @@ def _expand(entry: str) -> list[str]:
     raise InputError(f"{entry}: no such file or folder")
 
 
-def list_files(spec) -> list[str]:
+def list_files(spec, storage_options: dict | None = None) -> list[str]:
     """The files (and ``save_to_disk`` folders) a path, folder, glob or list names, in reading order.
 
     Example:
@@ -116,7 +116,7 @@ def list_files(spec) -> list[str]:
     for e in entries:
         if not isinstance(e, (str, os.PathLike)):
             raise InputError(f"inputs must be paths, folders or globs; got {type(e).__name__} in the list")
-        files += _expand(os.fspath(e))
+        files += _expand(os.fspath(e), storage_options)
     return files
 
 
@@ -149,11 +149,12 @@ def _absolute(entry) -> str:
     return entry if is_url(entry) else os.path.abspath(entry)
 
 
-def open_inputs(spec, split: str | None = None) -> InputTable:
+def open_inputs(spec, split: str | None = None, storage_options: dict | None = None) -> InputTable:
     """One table over everything ``spec`` names (see the module docstring); ``split`` cuts the whole.
 
     A single file or ``save_to_disk`` folder opens as itself (its identity, so its cache key, is the one
-    it always had); anything else as a :class:`MultiTable`.
+    it always had); anything else as a :class:`MultiTable`. Specs with URLs open as
+    :class:`RemoteInputs` (``storage_options``: fsspec's, for every URL).
 
     Example:
         >>> open_inputs("data/*.parquet")  # doctest: +SKIP
@@ -164,17 +165,17 @@ def open_inputs(spec, split: str | None = None) -> InputTable:
     ds = _hf_dataset(spec)
     if ds is not None:
         return HFMemoryTable(ds, split)
-    files = list_files(spec)
+    files = list_files(spec, storage_options)
     if any(is_url(f) for f in files):
-        return RemoteInputs(spec, files, split)
+        return RemoteInputs(spec, files, split, storage_options)
     return _open_files(spec, files, split)
 
 
-def _open_files(spec, files: list[str], split: str | None) -> InputTable:
+def _open_files(spec, files: list[str], split: str | None, storage_options: dict | None = None) -> InputTable:
     single = isinstance(spec, (str, os.PathLike)) and (os.path.isfile(spec) or len(files) == 1 and files[0] == os.fspath(spec))
     if single:
-        return open_input(files[0], split)
-    return MultiTable([open_input(f) for f in files], split, name=_name(spec, files))
+        return open_input(files[0], split, storage_options)
+    return MultiTable([open_input(f, None, storage_options) for f in files], split, name=_name(spec, files))
 
 
 def _name(spec, files: list[str]) -> str:
@@ -198,25 +199,26 @@ class RemoteInputs:
 
     kind = "remote"
 
-    def __init__(self, spec, files: list[str], split: str | None):
+    def __init__(self, spec, files: list[str], split: str | None, storage_options: dict | None = None):
         self.spec, self.files, self.split, self._table = spec, files, split, None
-        self.path = _name(spec, files)
+        self.path, self.storage_options = _name(spec, files), storage_options
 
     def identity(self) -> dict:
-        objects = [object_identity(f) if is_url(f) else open_input(f).identity() for f in self.files]
+        so = self.storage_options
+        objects = [object_identity(f, so) if is_url(f) else open_input(f).identity() for f in self.files]
         return {"kind": self.kind, "objects": objects, "split": self.split}
 
     def table(self) -> InputTable:
         """The opened table (its files read through fsspec)."""
         if self._table is None:
-            self._table = _open_files(self.spec, self.files, self.split)
+            self._table = _open_files(self.spec, self.files, self.split, self.storage_options)
         return self._table
 
     def __len__(self) -> int:
         return len(self.table())
 
     def __getattr__(self, name):
-        if name.startswith("__") or name in ("spec", "files", "split", "_table", "path"):
+        if name.startswith("__") or name in ("spec", "files", "split", "_table", "path", "storage_options"):
             raise AttributeError(name)
         return getattr(self.table(), name)
 
@@ -245,7 +247,7 @@ class HFMemoryTable(HFDiskTable):
 def _columns(table: InputTable) -> list[str] | None:
     """The table's column names: the schema where the file has one, else the first row's keys."""
     if table.kind == "parquet":
-        return sorted(_parquet(table.path).schema_arrow.names)
+        return sorted(_parquet(table.path, table.storage_options).schema_arrow.names)
     if table.kind in ("hf_disk", "hf_dataset"):
         return sorted(table._dataset().column_names)
     if table.kind == "txt":

@@ -91,6 +91,7 @@ def build_cache(
     transcript: str | dict[str, str] | None = None,
     force: bool = False,
     show_progress: bool = False,
+    storage_options: dict | None = None,
 ) -> tuple[str, dict]:
     """Like :func:`precache`, and also returns the run's summary (counts, seconds, cache hit or not).
 
@@ -107,6 +108,7 @@ def build_cache(
     table, config, key_parts = prepare(
         input, tokenizer=tokenizer, format=format, max_length=max_length, overlong=overlong, fields=fields,
         split=split, chat_template=chat_template, eos_token=eos_token, on_bad_row=on_bad_row, transcript=transcript,
+        storage_options=storage_options,
     )
     config["backend"] = key_parts["backend"] = backend
     if backend == "array_record":  # see cache/writer.py
@@ -126,7 +128,7 @@ def build_cache(
         clean_stale(staging, name)
         sweep_locks(staging)
         if not force:
-            manifest = _existing(final)
+            manifest = _existing(final, storage_options)
             if manifest is not None:
                 return final, {**manifest["counts"], "hit": True, "seconds": time.perf_counter() - t0, "path": final}
 
@@ -140,7 +142,7 @@ def build_cache(
             manifest.update(key=key, key_parts=key_parts, config=config)
             write_manifest(tmp, manifest)
             if remote:
-                upload_cache(tmp, final, replace=force)
+                upload_cache(tmp, final, storage_options, replace=force)
                 shutil.rmtree(tmp, ignore_errors=True)
             else:
                 publish(tmp, final, replace=force)
@@ -167,6 +169,7 @@ def prepare(
     eos_token: str | None = None,
     on_bad_row: str = "error",
     transcript: str | dict[str, str] | None = None,
+    storage_options: dict | None = None,
 ) -> tuple:
     """Check the options that decide the records, open the input: ``(table, config, key_parts)``.
 
@@ -192,7 +195,7 @@ def prepare(
     tokenizer = os.fspath(tokenizer)
     if is_url(tokenizer):
         raise ValueError(f"tokenizer must be a local folder, got the URL {tokenizer!r}")
-    table = open_inputs(input, split)
+    table = open_inputs(input, split, storage_options)
     config = {
         "input": describe(input),
         "split": split,
@@ -221,13 +224,13 @@ def prepare(
     return table, config, key_parts
 
 
-def _existing(final: str) -> dict | None:
+def _existing(final: str, storage_options: dict | None) -> dict | None:
     """The manifest of a valid cache already at ``final`` (a path or URL), None if none is published."""
     try:
         if is_url(final):
-            manifest = remote_manifest(final)
+            manifest = remote_manifest(final, storage_options)
             if manifest is not None:
-                check_remote_shards(final, manifest)
+                check_remote_shards(final, manifest, storage_options)
             return manifest
         if not os.path.exists(final):
             return None
@@ -299,7 +302,11 @@ def precache(input, *, tokenizer: str, format: str, out: str, **options) -> str:
     cores; 0 or 1: in this process), ``backend="arrow"|"array_record"``,
     ``fields={"instruction": "question", ...}``, ``split`` (e.g. ``"train[:1000]"``), ``chat_template``
     (file, text or ``"default"``), ``eos_token``, ``on_bad_row="error"|"skip"``, ``transcript``
-    (chat: ``"hh"`` or ``{marker: role}``, the ``messages`` field is one role-marked string), ``force``.
+    (chat: ``"hh"`` or ``{marker: role}``, the ``messages`` field is one role-marked string), ``force``,
+    ``storage_options`` (fsspec's, for URL inputs and ``out``; never recorded in the cache).
+
+    ``input`` and ``out`` may be URLs (``s3://bucket/data/*.jsonl``, ``s3://bucket/caches``): see
+    ``docs/object-storage.md``. The returned path is then a URL for :func:`portable_loader.open_cache`.
 
     Example:
         >>> path = precache("gsm8k.jsonl", tokenizer="phi-3-mini/", format="alpaca", out="cache/",
