@@ -259,3 +259,13 @@ def test_prefix_glob_parquet_and_gzip_inputs_read_like_local_files(s3, tmp_path)
     assert [f.rsplit("/", 1)[-1] for f in pl.io.list_files("s3://bkt/mixed/")] == ["a.jsonl.gz", "b.parquet", "c.jsonl"]
     with pytest.raises(InputError, match="columns differ"):
         len(open_inputs("s3://bkt/mixed/"))
+
+
+def test_two_concurrent_opens_of_one_cache_agree(published, tmp_path):
+    from concurrent.futures import ThreadPoolExecutor
+
+    url, _, local = published
+    with ThreadPoolExecutor(2) as pool:
+        srcs = list(pool.map(lambda _: pl.open_cache(url, cache_dir=tmp_path), range(2)))
+    assert records(srcs[0]) == records(srcs[1]) == records(pl.open_cache(local))
+    assert not [n for n in os.listdir(srcs[0].remote["local"]) if ".tmp-" in n]

@@ -166,7 +166,8 @@ def fetch_cache(url: str, cache_dir: str | None = None, cache_limit=None, storag
             what = f"{size} bytes, the manifest says {shard['bytes']}" if size != shard["bytes"] else "sha256 differs from the manifest's"
             raise CacheError(f"{obj}: {what}: the shard is truncated or altered; refused")
         os.replace(tmp, target)
-    with open(lmanifest + ".tmp", "w", encoding="utf-8") as f:
+    tmp = f"{lmanifest}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"  # two processes may fetch one cache
+    with open(tmp, "w", encoding="utf-8") as f:
         json.dump(manifest, f, indent=2, sort_keys=True)
-    os.replace(lmanifest + ".tmp", lmanifest)
+    os.replace(tmp, lmanifest)
     return local, fetched
