@@ -60,8 +60,8 @@ def build(input, out, **kw):
     return build_cache(input, tokenizer=TOK, format="chat", out=out, max_length=128, num_workers=2, **kw)
 
 
-def batches(src, steps=6, state=None):
-    it = iter(pl.DataLoader(src, global_batch_size=4, seq_len=64, seed=5, prefetch=0))
+def batches(src, steps=6, state=None, **kw):
+    it = iter(pl.DataLoader(src, global_batch_size=4, seq_len=64, seed=5, prefetch=0, **kw))
     if state is not None:
         it.set_state(state)
     return [{k: np.asarray(v) for k, v in next(it).items()} for _ in range(steps)], it
@@ -92,6 +92,10 @@ def test_remote_cache_reads_like_a_local_one(published, tmp_path):
     want, _ = batches(ref)
     for a, b in zip(got, want):
         assert a.keys() == b.keys() and all(np.array_equal(a[k], b[k]) for k in a)
+    with_workers, it = batches(src, num_workers=2)  # worker processes read the local copy too
+    it.close()
+    for a, b in zip(with_workers, want):
+        assert all(np.array_equal(a[k], b[k]) for k in a)
     # Exact resume: a state taken after 3 steps, on a fresh remote open, gives steps 4-6.
     _, it = batches(src, steps=3)
     resumed, _ = batches(pl.open_cache(url, cache_dir=tmp_path), steps=3, state=it.get_state())
@@ -269,3 +273,10 @@ def test_two_concurrent_opens_of_one_cache_agree(published, tmp_path):
         srcs = list(pool.map(lambda _: pl.open_cache(url, cache_dir=tmp_path), range(2)))
     assert records(srcs[0]) == records(srcs[1]) == records(pl.open_cache(local))
     assert not [n for n in os.listdir(srcs[0].remote["local"]) if ".tmp-" in n]
+
+
+def test_array_record_cache_in_a_bucket(published, tmp_path):
+    url, summary = build("s3://bkt/in/chat.jsonl", "s3://bkt/caches", backend="array_record")
+    assert url != published[0] and not summary["hit"]
+    src = pl.open_cache(url, cache_dir=tmp_path)
+    assert records(src) == records(pl.open_cache(published[2]))
