@@ -280,3 +280,13 @@ def test_array_record_cache_in_a_bucket(published, tmp_path):
     assert url != published[0] and not summary["hit"]
     src = pl.open_cache(url, cache_dir=tmp_path)
     assert records(src) == records(pl.open_cache(published[2]))
+
+
+def test_cli_takes_urls(published):
+    run = subprocess.run(
+        [sys.executable, "-m", "portable_loader.precache", "--input", "s3://bkt/in/chat.jsonl", "--tokenizer", TOK,
+         "--format", "chat", "--out", "s3://bkt/caches", "--max-length", "128"],
+        capture_output=True, text=True, timeout=120,
+    )
+    assert run.returncode == 0, run.stderr
+    assert "cache hit" in run.stdout and run.stdout.strip().endswith(published[0])
