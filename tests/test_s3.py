@@ -290,3 +290,11 @@ def test_cli_takes_urls(published):
     )
     assert run.returncode == 0, run.stderr
     assert "cache hit" in run.stdout and run.stdout.strip().endswith(published[0])
+
+
+def test_tokenized_reads_a_url(published):
+    tok = pl.tokenized("s3://bkt/in/chat.jsonl", tokenizer=TOK, format="chat", max_length=128)
+    got, _ = batches(tok)
+    want, _ = batches(pl.open_cache(published[2]))
+    for a, b in zip(got, want):
+        assert all(np.array_equal(a[k], b[k]) for k in a)
