@@ -94,6 +94,11 @@ def read_manifest(path: str) -> dict:
         raise CacheError(f"{mpath}: missing: not a portable_loader cache, or an incomplete one") from None
     except (OSError, ValueError) as e:
         raise CacheError(f"{mpath}: unreadable: {e}") from None
+    return check_manifest(manifest, mpath)
+
+
+def check_manifest(manifest, mpath: str) -> dict:
+    """``manifest`` (parsed JSON) if its checksum and format version are right; ``CacheError`` naming ``mpath``."""
     if not isinstance(manifest, dict) or manifest.get("checksum") != _manifest_checksum(manifest):
         raise CacheError(f"{mpath}: checksum mismatch: the manifest was edited or corrupted")
     version = manifest.get("format_version")

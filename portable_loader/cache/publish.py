@@ -37,6 +37,20 @@ def temp_dir(out: str, name: str) -> str:
     return path
 
 
+def staging_dir(url: str) -> str:
+    """The local folder where caches bound for ``url`` (a bucket prefix) are built and locked.
+
+    Example:
+        >>> staging_dir("s3://b/caches") == staging_dir("s3://b/caches/")
+        True
+    """
+    import hashlib
+    import tempfile
+
+    digest = hashlib.sha256(url.rstrip("/").encode()).hexdigest()[:16]
+    return os.path.join(tempfile.gettempdir(), f"portable_loader-staging-{os.getuid()}", digest)
+
+
 def pid_alive(pid: int) -> bool:
     """Whether a process with this pid exists (zombies included); used for stale temp dirs and workers.
 

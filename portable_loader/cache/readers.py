@@ -24,6 +24,7 @@ import numpy as np
 from portable_loader.cache.manifest import check_shards, read_manifest
 from portable_loader.errors import CacheError
 from portable_loader.indexing import parse_index
+from portable_loader.io.remote import is_url
 
 
 class _CacheSource:
@@ -290,17 +291,32 @@ class ArrayRecordCacheSource(_CacheSource):
             self._memo_size = 0
 
 
-def open_cache(path: str, verify: bool = False):
+def open_cache(path: str, verify: bool = False, *, cache_dir: str | None = None, cache_limit=None,
+               storage_options: dict | None = None):
     """Open a published cache; refuse one that is incomplete, corrupted or of another format version.
 
     Opening is O(shards), never O(rows): no per-record Python objects are built. ``verify=True`` also
     checks every shard's sha256 and names a corrupted one.
 
+    A URL (``s3://bucket/caches/text-0123...``, any fsspec protocol) is read from a local copy under
+    ``cache_dir`` (default ``$PORTABLE_LOADER_CACHE_DIR`` or ``~/.cache/portable_loader/remote``):
+    whole shards are downloaded once, each checked against the manifest's size and sha256, and local
+    copies are kept within ``cache_limit`` (bytes, or ``"10GB"``) by evicting the least recently
+    opened ones. The source's ``remote`` attribute says ``{"url", "local", "bytes_downloaded"}``.
+
     Example:
         >>> src = open_cache(pl.precache("train.jsonl", tokenizer="tok/", format="text", out="cache/"))  # doctest: +SKIP
         >>> src[0]["loss_mask"].dtype                                                                  # doctest: +SKIP
         dtype('uint8')
+        >>> src = open_cache("s3://bucket/caches/text-0123", cache_dir="/scratch/pl", cache_limit="10GB")  # doctest: +SKIP
     """
+    if is_url(path):
+        from portable_loader.cache.remote import fetch_cache
+
+        local, fetched = fetch_cache(path, cache_dir, cache_limit, storage_options)
+        src = open_cache(local, verify=verify)
+        src.remote = {"url": path, "local": local, "bytes_downloaded": fetched}
+        return src
     path = os.fspath(path)
     manifest = read_manifest(path)
     check_shards(path, manifest, verify=verify)

@@ -32,7 +32,8 @@ from typing import Any, Sequence
 import numpy as np
 
 from portable_loader.errors import InputError
-from portable_loader.io.tables import SUPPORTED, HFDiskTable, InputTable, open_input
+from portable_loader.io.remote import filesystem, is_url, object_identity
+from portable_loader.io.tables import SUPPORTED, HFDiskTable, InputTable, _parquet, open_input
 
 __all__ = ["open_inputs", "list_files", "describe", "MultiTable", "HFMemoryTable"]
 
@@ -49,8 +50,31 @@ def _unsupported(path: str) -> InputError:
     return InputError(f"{path}: unsupported file type (supported: {', '.join(SUPPORTED)}, or a datasets.save_to_disk folder)")
 
 
-def _expand(entry: str) -> list[str]:
+def _expand_url(entry: str, storage_options: dict | None) -> list[str]:
+    """The objects a URL names: itself, every supported object under a prefix, or a glob's matches."""
+    fs, path = filesystem(entry, storage_options)
+    proto = entry.split("://", 1)[0]
+    if any(c in path for c in "*?["):
+        found = [p for p in sorted(fs.glob(path)) if _supported(p)]
+        if not found:
+            raise InputError(f"{entry}: the glob matches no supported object (supported: {', '.join(SUPPORTED)})")
+    elif fs.isfile(path):
+        if not _supported(path):
+            raise _unsupported(entry)
+        return [entry]
+    elif fs.isdir(path):
+        found = sorted(p for p in fs.find(path) if _supported(p) and not os.path.basename(p).startswith("."))
+        if not found:
+            raise InputError(f"{entry}: empty prefix: no supported object under it (supported: {', '.join(SUPPORTED)})")
+    else:
+        raise InputError(f"{entry}: no such object or prefix")
+    return [f"{proto}://{p}" for p in found]
+
+
+def _expand(entry: str, storage_options: dict | None = None) -> list[str]:
     """The files (or save_to_disk folders) one entry of a spec names, in reading order."""
+    if is_url(entry):
+        return _expand_url(entry, storage_options)
     if os.path.isdir(entry):
         if _is_hf_folder(entry):
             return [entry]
@@ -78,7 +102,7 @@ def _expand(entry: str) -> list[str]:
     raise InputError(f"{entry}: no such file or folder")
 
 
-def list_files(spec) -> list[str]:
+def list_files(spec, storage_options: dict | None = None) -> list[str]:
     """The files (and ``save_to_disk`` folders) a path, folder, glob or list names, in reading order.
 
     Example:
@@ -92,7 +116,7 @@ def list_files(spec) -> list[str]:
     for e in entries:
         if not isinstance(e, (str, os.PathLike)):
             raise InputError(f"inputs must be paths, folders or globs; got {type(e).__name__} in the list")
-        files += _expand(os.fspath(e))
+        files += _expand(os.fspath(e), storage_options)
     return files
 
 
@@ -116,15 +140,21 @@ def describe(spec) -> Any:
     if ds is not None:
         return f"<datasets.Dataset {ds._fingerprint}>"
     if isinstance(spec, (str, os.PathLike)):
-        return os.path.abspath(os.fspath(spec))
-    return [os.path.abspath(os.fspath(e)) for e in spec]
+        return _absolute(spec)
+    return [_absolute(e) for e in spec]
 
 
-def open_inputs(spec, split: str | None = None) -> InputTable:
+def _absolute(entry) -> str:
+    entry = os.fspath(entry)
+    return entry if is_url(entry) else os.path.abspath(entry)
+
+
+def open_inputs(spec, split: str | None = None, storage_options: dict | None = None) -> InputTable:
     """One table over everything ``spec`` names (see the module docstring); ``split`` cuts the whole.
 
     A single file or ``save_to_disk`` folder opens as itself (its identity, so its cache key, is the one
-    it always had); anything else as a :class:`MultiTable`.
+    it always had); anything else as a :class:`MultiTable`. Specs with URLs open as
+    :class:`RemoteInputs` (``storage_options``: fsspec's, for every URL).
 
     Example:
         >>> open_inputs("data/*.parquet")  # doctest: +SKIP
@@ -135,17 +165,62 @@ def open_inputs(spec, split: str | None = None) -> InputTable:
     ds = _hf_dataset(spec)
     if ds is not None:
         return HFMemoryTable(ds, split)
-    files = list_files(spec)
+    files = list_files(spec, storage_options)
+    if any(is_url(f) for f in files):
+        return RemoteInputs(spec, files, split, storage_options)
+    return _open_files(spec, files, split)
+
+
+def _open_files(spec, files: list[str], split: str | None, storage_options: dict | None = None) -> InputTable:
     single = isinstance(spec, (str, os.PathLike)) and (os.path.isfile(spec) or len(files) == 1 and files[0] == os.fspath(spec))
     if single:
-        return open_input(files[0], split)
-    return MultiTable([open_input(f) for f in files], split, name=_name(spec, files))
+        return open_input(files[0], split, storage_options)
+    return MultiTable([open_input(f, None, storage_options) for f in files], split, name=_name(spec, files))
 
 
 def _name(spec, files: list[str]) -> str:
     if isinstance(spec, (str, os.PathLike)):
         return os.fspath(spec)
     return f"{len(files)} files ({files[0]}, ...)"
+
+
+class RemoteInputs:
+    """Inputs that include objects in a store: identified by metadata, opened (read) only when used.
+
+    ``identity()`` is every object's URL, ETag and size (local files in the list: their sha256), so a
+    cache hit downloads nothing and an overwritten object gives a new key. Anything else (``len``,
+    ``read``, ``where``, ...) opens the table, reading the objects through fsspec.
+
+    Example:
+        >>> t = open_inputs("s3://bucket/train.jsonl")      # doctest: +SKIP
+        >>> t.identity()["objects"][0]["etag"]              # doctest: +SKIP
+        '"9b2cf5..."'
+    """
+
+    kind = "remote"
+
+    def __init__(self, spec, files: list[str], split: str | None, storage_options: dict | None = None):
+        self.spec, self.files, self.split, self._table = spec, files, split, None
+        self.path, self.storage_options = _name(spec, files), storage_options
+
+    def identity(self) -> dict:
+        so = self.storage_options
+        objects = [object_identity(f, so) if is_url(f) else open_input(f).identity() for f in self.files]
+        return {"kind": self.kind, "objects": objects, "split": self.split}
+
+    def table(self) -> InputTable:
+        """The opened table (its files read through fsspec)."""
+        if self._table is None:
+            self._table = _open_files(self.spec, self.files, self.split, self.storage_options)
+        return self._table
+
+    def __len__(self) -> int:
+        return len(self.table())
+
+    def __getattr__(self, name):
+        if name.startswith("__") or name in ("spec", "files", "split", "_table", "path", "storage_options"):
+            raise AttributeError(name)
+        return getattr(self.table(), name)
 
 
 class HFMemoryTable(HFDiskTable):
@@ -172,9 +247,7 @@ class HFMemoryTable(HFDiskTable):
 def _columns(table: InputTable) -> list[str] | None:
     """The table's column names: the schema where the file has one, else the first row's keys."""
     if table.kind == "parquet":
-        import pyarrow.parquet as pq
-
-        return sorted(pq.ParquetFile(table.path).schema_arrow.names)
+        return sorted(_parquet(table.path, table.storage_options).schema_arrow.names)
     if table.kind in ("hf_disk", "hf_dataset"):
         return sorted(table._dataset().column_names)
     if table.kind == "txt":

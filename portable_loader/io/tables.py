@@ -27,6 +27,7 @@ from typing import Any, Iterator, Sequence
 import numpy as np
 
 from portable_loader.errors import BadRowError, InputError
+from portable_loader.io.remote import is_url, open_binary
 
 __all__ = ["InputTable", "open_input", "file_digest", "SUPPORTED"]
 
@@ -67,6 +68,7 @@ class InputTable:
     """
 
     kind = "?"
+    storage_options: dict | None = None  # fsspec options for a URL path (None: its env config)
 
     def __init__(self, path: str, total_rows: int, split: str | None):
         self.path = path
@@ -136,12 +138,22 @@ def _split_window(split: str | None, total: int, name: str) -> tuple[int, int]:
 # --- line-based files: JSONL, JSONL.gz, txt ---------------------------------------------------
 
 
-def _open_bytes(path: str):
-    return gzip.open(path, "rb") if path.endswith(".gz") else open(path, "rb")
+def _open_bytes(path: str, storage_options: dict | None = None):
+    if not is_url(path):
+        return gzip.open(path, "rb") if path.endswith(".gz") else open(path, "rb")
+    raw = open_binary(path, storage_options)
+    return gzip.GzipFile(fileobj=raw, mode="rb") if path.endswith(".gz") else raw
+
+
+def _parquet(path: str, storage_options: dict | None = None):
+    import pyarrow.parquet as pq
+
+    return pq.ParquetFile(open_binary(path, storage_options) if is_url(path) else path)
 
 
 class _LineTable(InputTable):
-    def __init__(self, path: str, split: str | None):
+    def __init__(self, path: str, split: str | None, storage_options: dict | None = None):
+        self.storage_options = storage_options
         self.gz = path.endswith(".gz")
         self.checkpoints, self.total = self._scan(path)
         super().__init__(path, self.total, split)
@@ -155,7 +167,7 @@ class _LineTable(InputTable):
         # A plain file's bytes are its identity: hash them in this pass rather than read them again.
         h = None if self.gz else hashlib.sha256()
         try:
-            with _open_bytes(path) as f:
+            with _open_bytes(path, self.storage_options) as f:
                 while chunk := f.read(_SCAN_CHUNK):
                     if h is not None:
                         h.update(chunk)
@@ -181,7 +193,7 @@ class _LineTable(InputTable):
         return f"line {self.start + row + 1}"
 
     def _lines(self, lo: int, hi: int) -> Iterator[tuple[int, bytes]]:
-        with _open_bytes(self.path) as f:
+        with _open_bytes(self.path, self.storage_options) as f:
             first = lo // _CHECKPOINT_EVERY
             if self.gz:
                 line_no = 0
@@ -209,7 +221,7 @@ class _LineTable(InputTable):
         if getattr(self, "_bounds", None) is None:
             starts, blanks = [np.zeros(1, dtype=np.int64)], []
             offset, last_nl, last_byte = 0, -1, 10
-            with _open_bytes(self.path) as f:
+            with _open_bytes(self.path, self.storage_options) as f:
                 while chunk := f.read(_SCAN_CHUNK):
                     a = np.frombuffer(chunk, dtype=np.uint8)
                     nl = np.flatnonzero(a == 10)
@@ -239,7 +251,7 @@ class _LineTable(InputTable):
     def _get_raw(self, raw_rows):
         bounds, _ = self._line_index()
         # Rows come sorted, so a .gz file is decompressed once, forward, up to the last row asked for.
-        with _open_bytes(self.path) as f:
+        with _open_bytes(self.path, self.storage_options) as f:
             for r in raw_rows:
                 f.seek(int(bounds[r]))
                 yield from self._parse(r, f.read(int(bounds[r + 1] - bounds[r])))
@@ -289,13 +301,13 @@ class JsonListTable(InputTable):
 
     kind = "json"
 
-    def __init__(self, path: str, split: str | None):
-        self.path = path
+    def __init__(self, path: str, split: str | None, storage_options: dict | None = None):
+        self.path, self.storage_options = path, storage_options
         super().__init__(path, len(self._load()), split)
 
     def _load(self) -> list:
         try:
-            with open(self.path, "rb") as f:
+            with _open_bytes(self.path, self.storage_options) as f:
                 rows = json.load(f)
         except UnicodeDecodeError as e:
             raise InputError(f"{self.path}: not UTF-8: {e.reason}") from None
@@ -325,19 +337,16 @@ class ParquetTable(InputTable):
 
     kind = "parquet"
 
-    def __init__(self, path: str, split: str | None):
-        import pyarrow.parquet as pq
-
+    def __init__(self, path: str, split: str | None, storage_options: dict | None = None):
+        self.storage_options = storage_options
         try:
-            total = pq.ParquetFile(path).metadata.num_rows
+            total = _parquet(path, storage_options).metadata.num_rows
         except Exception as e:  # pyarrow raises several types for a bad file
             raise InputError(f"{path}: not a readable Parquet file: {e}") from None
         super().__init__(path, total, split)
 
     def _read_raw(self, lo, hi):
-        import pyarrow.parquet as pq
-
-        pf = pq.ParquetFile(self.path)
+        pf = _parquet(self.path, self.storage_options)
         first = 0
         for g in range(pf.metadata.num_row_groups):
             n = pf.metadata.row_group(g).num_rows
@@ -348,17 +357,15 @@ class ParquetTable(InputTable):
             first += n
 
     def _get_raw(self, raw_rows):
-        import pyarrow.parquet as pq
-
         if getattr(self, "_group_starts", None) is None:
-            meta = pq.ParquetFile(self.path).metadata
+            meta = _parquet(self.path, self.storage_options).metadata
             self._group_starts = np.cumsum([0] + [meta.row_group(g).num_rows for g in range(meta.num_row_groups)])
             self._group = (-1, None)  # the last row group read, decoded: a window reads each one a few times
         rows = np.asarray(raw_rows, dtype=np.int64)
         groups = np.searchsorted(self._group_starts, rows, side="right") - 1
         for g in np.unique(groups):
             if self._group[0] != g:
-                self._group = (g, pq.ParquetFile(self.path).read_row_group(int(g)))
+                self._group = (g, _parquet(self.path, self.storage_options).read_row_group(int(g)))
             mine = rows[groups == g]
             for r, row in zip(mine.tolist(), self._group[1].take(mine - self._group_starts[g]).to_pylist()):
                 yield r, row
@@ -413,13 +420,13 @@ def _split_name(split: str | None) -> str | None:
     return split.split("[", 1)[0].split("+", 1)[0].strip() or None
 
 
-def _first_byte(path: str) -> bytes:
-    with open(path, "rb") as f:
+def _first_byte(path: str, storage_options: dict | None) -> bytes:
+    with _open_bytes(path, storage_options) as f:
         head = f.read(4096).lstrip(b"\xef\xbb\xbf \t\r\n")
     return head[:1]
 
 
-def open_input(path: str, split: str | None = None) -> InputTable:
+def open_input(path: str, split: str | None = None, storage_options: dict | None = None) -> InputTable:
     """Open an input by its path's form: a folder (datasets), ``.parquet``, a ``.json`` list, ``.txt``, else JSONL.
 
     Example:
@@ -428,15 +435,20 @@ def open_input(path: str, split: str | None = None) -> InputTable:
         portable_loader.errors.InputError: missing.jsonl: no such file or folder
     """
     path = os.fspath(path)
-    if not os.path.exists(path):
+    if is_url(path):
+        if not path.lower().endswith(SUPPORTED):
+            raise InputError(f"{path}: unsupported object type (supported: {', '.join(SUPPORTED)}; "
+                             "a datasets.save_to_disk folder must be local)")
+    elif not os.path.exists(path):
         raise InputError(f"{path}: no such file or folder")
-    if os.path.isdir(path):
+    elif os.path.isdir(path):
         return HFDiskTable(path, split)
     name = path.lower()
+    so = storage_options if is_url(path) else None
     if name.endswith(".parquet"):
-        return ParquetTable(path, split)
-    if name.endswith(".json") and _first_byte(path) == b"[":
-        return JsonListTable(path, split)
+        return ParquetTable(path, split, so)
+    if name.endswith(".json") and _first_byte(path, so) == b"[":
+        return JsonListTable(path, split, so)
     if name.endswith(".txt") or name.endswith(".txt.gz"):
-        return TextLinesTable(path, split)
-    return JsonLinesTable(path, split)
+        return TextLinesTable(path, split, so)
+    return JsonLinesTable(path, split, so)

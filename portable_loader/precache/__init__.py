@@ -38,10 +38,12 @@ from portable_loader.cache.manifest import (
     read_manifest,
     write_manifest,
 )
-from portable_loader.cache.publish import clean_stale, publish, temp_dir
+from portable_loader.cache.publish import clean_stale, publish, staging_dir, temp_dir
+from portable_loader.cache.remote import check_remote_shards, remote_manifest, upload_cache
 from portable_loader.cache.writer import ARRAY_RECORD_OPTIONS
 from portable_loader.errors import CacheError, PortableLoaderError
 from portable_loader.io import describe, open_inputs
+from portable_loader.io.remote import is_url, join
 from portable_loader.precache.engine import cached_tokenizer, run_tasks
 from portable_loader.precache.lock import locked, sweep_locks
 from portable_loader.precache.manage import cache_info, list_caches, remove_cache
@@ -89,6 +91,7 @@ def build_cache(
     transcript: str | dict[str, str] | None = None,
     force: bool = False,
     show_progress: bool = False,
+    storage_options: dict | None = None,
 ) -> tuple[str, dict]:
     """Like :func:`precache`, and also returns the run's summary (counts, seconds, cache hit or not).
 
@@ -105,6 +108,7 @@ def build_cache(
     table, config, key_parts = prepare(
         input, tokenizer=tokenizer, format=format, max_length=max_length, overlong=overlong, fields=fields,
         split=split, chat_template=chat_template, eos_token=eos_token, on_bad_row=on_bad_row, transcript=transcript,
+        storage_options=storage_options,
     )
     config["backend"] = key_parts["backend"] = backend
     if backend == "array_record":  # see cache/writer.py
@@ -113,30 +117,35 @@ def build_cache(
     tokenizer, out = config["tokenizer"], os.fspath(out)
     key = cache_key(key_parts)
     name = f"{format}-{key[:20]}"
-    final = os.path.join(out, name)
-    os.makedirs(out, exist_ok=True)
+    remote = is_url(out)
+    final = join(out, name)
+    # A bucket has no rename and no lock: build in a local staging folder, lock there (two machines
+    # may both build one key, harmlessly), and upload with the manifest last.
+    staging = staging_dir(out) if remote else out
+    os.makedirs(staging, exist_ok=True)
 
-    with locked(os.path.join(out, f".{name}.lock"), final):
-        clean_stale(out, name)
-        sweep_locks(out)
-        if os.path.exists(final) and not force:
-            try:
-                manifest = read_manifest(final)
-                check_shards(final, manifest)
-            except CacheError as e:
-                raise CacheError(f"{e}\n(the existing cache at {final} is invalid: rerun with --force to rebuild it)") from None
-            return final, {**manifest["counts"], "hit": True, "seconds": time.perf_counter() - t0, "path": final}
+    with locked(os.path.join(staging, f".{name}.lock"), final):
+        clean_stale(staging, name)
+        sweep_locks(staging)
+        if not force:
+            manifest = _existing(final, storage_options)
+            if manifest is not None:
+                return final, {**manifest["counts"], "hit": True, "seconds": time.perf_counter() - t0, "path": final}
 
         tok = cached_tokenizer(config["tokenizer"], chat_template, eos_token, key)
         # Validates the format against the tokenizer (EOS, chat template) before any work.
         Formatter(format, tok, fields=fields, max_length=max_length, overlong=overlong, path=table.path, transcript=transcript)
         tmp = None
         try:
-            tmp = temp_dir(out, name)
+            tmp = temp_dir(staging, name)
             manifest = _tokenize_into(tmp, table, config, num_workers, show_progress, key)
             manifest.update(key=key, key_parts=key_parts, config=config)
             write_manifest(tmp, manifest)
-            publish(tmp, final, replace=force)
+            if remote:
+                upload_cache(tmp, final, storage_options, replace=force)
+                shutil.rmtree(tmp, ignore_errors=True)
+            else:
+                publish(tmp, final, replace=force)
         except BaseException as e:
             if tmp is not None:
                 shutil.rmtree(tmp, ignore_errors=True)
@@ -160,6 +169,7 @@ def prepare(
     eos_token: str | None = None,
     on_bad_row: str = "error",
     transcript: str | dict[str, str] | None = None,
+    storage_options: dict | None = None,
 ) -> tuple:
     """Check the options that decide the records, open the input: ``(table, config, key_parts)``.
 
@@ -183,7 +193,9 @@ def prepare(
             raise ValueError(f"transcript applies to the chat format only, not {format!r}")
         transcript = transcript_markers(transcript)
     tokenizer = os.fspath(tokenizer)
-    table = open_inputs(input, split)
+    if is_url(tokenizer):
+        raise ValueError(f"tokenizer must be a local folder, got the URL {tokenizer!r}")
+    table = open_inputs(input, split, storage_options)
     config = {
         "input": describe(input),
         "split": split,
@@ -210,6 +222,23 @@ def prepare(
         **({"transcript": transcript} if transcript is not None else {}),
     }
     return table, config, key_parts
+
+
+def _existing(final: str, storage_options: dict | None) -> dict | None:
+    """The manifest of a valid cache already at ``final`` (a path or URL), None if none is published."""
+    try:
+        if is_url(final):
+            manifest = remote_manifest(final, storage_options)
+            if manifest is not None:
+                check_remote_shards(final, manifest, storage_options)
+            return manifest
+        if not os.path.exists(final):
+            return None
+        manifest = read_manifest(final)
+        check_shards(final, manifest)
+        return manifest
+    except CacheError as e:
+        raise CacheError(f"{e}\n(the existing cache at {final} is invalid: rerun with --force to rebuild it)") from None
 
 
 def _is_int(x) -> bool:
@@ -273,7 +302,11 @@ def precache(input, *, tokenizer: str, format: str, out: str, **options) -> str:
     cores; 0 or 1: in this process), ``backend="arrow"|"array_record"``,
     ``fields={"instruction": "question", ...}``, ``split`` (e.g. ``"train[:1000]"``), ``chat_template``
     (file, text or ``"default"``), ``eos_token``, ``on_bad_row="error"|"skip"``, ``transcript``
-    (chat: ``"hh"`` or ``{marker: role}``, the ``messages`` field is one role-marked string), ``force``.
+    (chat: ``"hh"`` or ``{marker: role}``, the ``messages`` field is one role-marked string), ``force``,
+    ``storage_options`` (fsspec's, for URL inputs and ``out``; never recorded in the cache).
+
+    ``input`` and ``out`` may be URLs (``s3://bucket/data/*.jsonl``, ``s3://bucket/caches``): see
+    ``docs/object-storage.md``. The returned path is then a URL for :func:`portable_loader.open_cache`.
 
     Example:
         >>> path = precache("gsm8k.jsonl", tokenizer="phi-3-mini/", format="alpaca", out="cache/",
