@@ -26,7 +26,7 @@ import uuid
 
 from portable_loader.cache.manifest import MANIFEST, check_manifest
 from portable_loader.errors import CacheError
-from portable_loader.inputs import file_digest
+from portable_loader.io import file_digest
 from portable_loader.io.remote import filesystem, join
 
 __all__ = ["upload_cache", "remote_manifest", "fetch_cache", "parse_bytes", "default_cache_dir"]
