@@ -104,6 +104,10 @@ def run_ray_tasks(tasks: list, config: dict, tokenizer_files: str, tmp: str, add
         raise
     finally:
         bar.close()
+    # A task attempt killed with its node leaves its partial shard under a temporary name.
+    for name in os.listdir(tmp):
+        if name.endswith(".part"):
+            os.remove(os.path.join(tmp, name))
     return results, int(ray.cluster_resources().get("CPU", 0))
 
 
