@@ -12,6 +12,7 @@ os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
 
 import hashlib
 import json
+import signal
 import socket
 import subprocess
 import sys
@@ -78,8 +79,10 @@ def no_temp_left(out) -> bool:
     return not [n for n in os.listdir(out) if n.startswith(".tmp-")]
 
 
-def test_ray_build_is_byte_identical_to_local_and_a_hit_for_local(inputs, local, cluster, tmp_path):
-    path, summary = build_cache(str(inputs), out=tmp_path, engine="ray", ray_address=cluster[0].address, **options())
+def test_ray_build_is_byte_identical_to_local_and_a_hit_for_local(inputs, local, cluster, tmp_path, capsys):
+    path, summary = build_cache(str(inputs), out=tmp_path, engine="ray", ray_address=cluster[0].address,
+                                show_progress=True, **options())
+    assert "900/900" in capsys.readouterr().err  # the driver's progress bar counted every row
     assert summary["engine"] == "ray" and not summary["hit"] and summary["num_workers"] == 3
     assert os.path.basename(path) == os.path.basename(local)  # the engine is not in the key
     assert shard_digests(path) == shard_digests(local) and len(shard_digests(path)) == 24
@@ -194,3 +197,30 @@ def test_an_in_memory_dataset_is_refused_with_the_way_out(cluster, tmp_path):
     with pytest.raises(PortableLoaderError, match="save_to_disk"):
         build_cache(ds, out=tmp_path, engine="ray", ray_address=cluster[0].address, **options())
     assert no_temp_left(tmp_path)
+
+
+def test_ctrl_c_on_the_driver_cancels_the_tasks_and_publishes_nothing(inputs, local, cluster, tmp_path):
+    out = tmp_path / "c"
+    driver = subprocess.Popen(
+        [sys.executable, "-m", "portable_loader.precache", "--input", str(inputs), "--format", "chat",
+         "--tokenizer", sample_args()["tokenizer"], "--out", str(out), "--engine", "ray",
+         "--ray-address", cluster[0].address, "--rows-per-task", "5"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )
+    deadline = time.monotonic() + 120
+    while driver.poll() is None and time.monotonic() < deadline and not any(
+        n.startswith("data-") for d in (out.glob(".tmp-*") if out.exists() else []) if d.is_dir() for n in os.listdir(d)
+    ):
+        time.sleep(0.01)
+    assert driver.poll() is None, "the build ended before Ctrl-C"
+    driver.send_signal(signal.SIGINT)
+    _, err = driver.communicate(timeout=120)
+    assert driver.returncode == 130 and "interrupted: no cache was published" in err, err
+    assert no_temp_left(out) and not [n for n in os.listdir(out) if n.startswith("chat-")]
+    # The cancelled tasks are gone: the cluster's CPUs are all free again, and it still builds.
+    deadline = time.monotonic() + 60
+    while ray.available_resources().get("CPU", 0) < 3 and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert ray.available_resources().get("CPU", 0) == 3
+    path, summary = build_cache(str(inputs), out=out, engine="ray", ray_address=cluster[0].address, **options())
+    assert shard_digests(path) == shard_digests(local)
