@@ -224,3 +224,10 @@ def test_ctrl_c_on_the_driver_cancels_the_tasks_and_publishes_nothing(inputs, lo
     assert ray.available_resources().get("CPU", 0) == 3
     path, summary = build_cache(str(inputs), out=out, engine="ray", ray_address=cluster[0].address, **options())
     assert shard_digests(path) == shard_digests(local)
+
+
+def test_local_engine_in_a_process_connected_to_ray_does_not_hang(inputs, local, cluster, tmp_path):
+    """Forked workers of a process holding Ray's gRPC threads hang; the pool must not fork then."""
+    assert ray.is_initialized()
+    path, summary = build_cache(str(inputs), out=tmp_path, num_workers=2, **options())
+    assert summary["num_workers"] == 2 and shard_digests(path) == shard_digests(local)

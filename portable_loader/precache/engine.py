@@ -152,6 +152,16 @@ def _raise_first_error(pending: list) -> None:
             p.get()  # raises the worker's error; the caller's with block terminates the rest
 
 
+def _start_method() -> str:
+    """fork, unless this process holds a Ray connection: its gRPC threads' locks, copied mid-use into
+    a forked child, hang it. Then forkserver (a clean process that forks the workers)."""
+    methods = mp.get_all_start_methods()
+    ray = sys.modules.get("ray")
+    if "fork" in methods and not (ray is not None and getattr(ray, "is_initialized", lambda: False)()):
+        return "fork"
+    return "forkserver" if "forkserver" in methods else "spawn"
+
+
 def run_tasks(tasks: list, common: dict, num_workers: int | None, show_progress: bool, total: int) -> tuple[list[dict], int]:
     """Run every task on a pool of ``num_workers`` processes (inline for 0 or 1, or one task).
 
@@ -162,7 +172,7 @@ def run_tasks(tasks: list, common: dict, num_workers: int | None, show_progress:
     """
     from tqdm import tqdm
 
-    ctx = mp.get_context("fork" if "fork" in mp.get_all_start_methods() else "spawn")
+    ctx = mp.get_context(_start_method())
     global _progress, _common
     workers = max(1, min(cpu_count() if num_workers is None else num_workers, len(tasks)))
     progress = _progress = ctx.Array("q", len(tasks), lock=False)
