@@ -24,7 +24,8 @@ def caches(tmp_path_factory):
     data.write_text("".join(json.dumps(r) + "\n" for r in rows))
     tok = load_tokenizer(need(GPT2))
     expected = [(ids.tolist(), mask.tolist()) for ids, mask in Formatter("text", tok).encode(rows)]
-    srcs = {b: pl.open_cache(pl.precache(data, tokenizer=GPT2, format="text", out=base, num_workers=3, backend=b))
+    srcs = {b: pl.open_cache(pl.precache(data, tokenizer=GPT2, format="text", out=base, num_workers=3, backend=b,
+                                        rows_per_task=-(-N_ROWS // 3)))
             for b in ("arrow", "array_record")}
     return srcs, expected
 

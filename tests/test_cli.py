@@ -59,7 +59,8 @@ def test_bad_numbers_are_one_line_errors(qa, tmp_path, capsys, flag, value, mess
 
 
 def test_api_refuses_the_same_numbers(qa, tmp_path):
-    for kwargs in ({"max_length": 0}, {"max_length": 1}, {"max_length": True}, {"num_workers": -2}, {"num_workers": 1.5}):
+    for kwargs in ({"max_length": 0}, {"max_length": 1}, {"max_length": True}, {"num_workers": -2}, {"num_workers": 1.5},
+                   {"rows_per_task": 0}, {"rows_per_task": 2.5}):
         with pytest.raises(ValueError, match="must be an integer >="):
             pl.precache(qa, tokenizer=need(GPT2), format="text", out=tmp_path, fields={"text": "question"}, **kwargs)
 
@@ -67,7 +68,7 @@ def test_api_refuses_the_same_numbers(qa, tmp_path):
 def test_num_workers_0_tokenizes_in_process_with_the_same_output(qa, tmp_path):
     one, s0 = build_cache(qa, tokenizer=need(GPT2), format="text", out=tmp_path / "a", fields={"text": "answer"}, num_workers=0)
     two, s2 = build_cache(qa, tokenizer=GPT2, format="text", out=tmp_path / "b", fields={"text": "answer"}, num_workers=2)
-    assert (s0["num_workers"], s2["num_workers"]) == (1, 2)
+    assert (s0["num_workers"], s2["num_workers"]) == (1, 1)  # one task (< rows_per_task rows): one process
     m0, m2 = pl.open_cache(one).manifest, pl.open_cache(two).manifest
     assert m0["content_checksum"] == m2["content_checksum"] and len(m0["shards"]) == 1
 

@@ -1,29 +1,55 @@
 """precache's task plan (row ranges per worker and shard) and the new modules' docstring examples."""
 
 import doctest
+import json
 import importlib
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from portable_loader.precache.plan import cpu_count, plan_shards
+from portable_loader.io import open_inputs
+from portable_loader.io.tables import open_input
+from portable_loader.precache.plan import plan_tasks, split_rows
 
 
 @settings(max_examples=300, deadline=None)
-@given(st.integers(0, 10_000), st.none() | st.integers(0, 64))
-def test_tasks_cover_the_rows_once_in_order_in_near_equal_ranges(rows, num_workers):
-    tasks = plan_shards(rows, num_workers)
-    wanted = cpu_count() if num_workers is None else num_workers
-    assert len(tasks) == max(1, min(wanted, rows))
-    # Contiguous and in order: concatenating the shards gives the input's rows, each exactly once.
-    covered = [r for t in tasks for r in range(t.lo, t.hi)]
-    assert covered == list(range(rows))
-    sizes = [t.hi - t.lo for t in tasks]
-    assert max(sizes) - min(sizes) <= 1
-    assert rows == 0 or min(sizes) >= 1
+@given(st.integers(0, 10_000), st.integers(0, 10_000), st.integers(1, 3_000))
+def test_split_rows_covers_the_range_once_in_order_in_near_equal_ranges(lo, n, per_task):
+    pieces = split_rows(lo, lo + n, per_task)
+    assert len(pieces) == -(-n // per_task)  # the fewest ranges of at most per_task rows
+    assert [r for a, b in pieces for r in range(a, b)] == list(range(lo, lo + n))
+    sizes = [b - a for a, b in pieces]
+    assert all(1 <= s <= per_task for s in sizes) and (not sizes or max(sizes) - min(sizes) <= 1)
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.lists(st.integers(1, 40), min_size=1, max_size=4), st.integers(1, 50), st.data())
+def test_tasks_never_span_files_and_read_alone_give_the_tables_rows(tmp_path_factory, sizes, per_task, data):
+    folder = tmp_path_factory.mktemp("in")
+    for k, n in enumerate(sizes):
+        (folder / f"part-{k}.jsonl").write_text("".join(json.dumps({"text": f"{k}-{i}"}) + "\n" for i in range(n)))
+    total = sum(sizes)
+    lo = data.draw(st.integers(0, total - 1))
+    hi = data.draw(st.integers(lo + 1, total))
+    table = open_inputs(str(folder), f"train[{lo}:{hi}]")
+    tasks = plan_tasks(table, per_task)
     assert [(t.index, t.count) for t in tasks] == [(i, len(tasks)) for i in range(len(tasks))]
-    assert len({t.file("arrow") for t in tasks}) == len(tasks)
+    assert [r for t in tasks for r in range(t.lo, t.hi)] == list(range(hi - lo))
+    assert all(1 <= t.hi - t.lo <= per_task for t in tasks) and len({t.shard("arrow") for t in tasks}) == len(tasks)
+    # The oracle: each task's file, opened alone, gives the rows the whole table gives for that range.
+    for t in tasks:
+        alone = [row for _, row in open_input(t.file).read(t.file_lo, t.file_lo + t.hi - t.lo)]
+        assert alone == [row for _, row in table.read(t.lo, t.hi)]
+    # A function of the input and rows_per_task alone.
+    assert plan_tasks(open_inputs(str(folder), f"train[{lo}:{hi}]"), per_task) == tasks
+
+
+def test_rows_per_task_must_be_a_positive_integer(tmp_path):
+    (tmp_path / "a.jsonl").write_text('{"text": "x"}\n')
+    for bad in (0, -1, 1.5, True, None):
+        with pytest.raises(ValueError, match="rows_per_task must be an integer >= 1"):
+            plan_tasks(open_inputs(str(tmp_path / "a.jsonl")), bad)
 
 
 @pytest.mark.parametrize("name", [

@@ -1,6 +1,7 @@
 """precache end to end: worker-count independence, both backends, cache keys, atomic publishing with
 real concurrent processes and a real SIGKILL, refusing damaged caches, and the CLI's errors."""
 
+import hashlib
 import json
 import os
 import shutil
@@ -36,14 +37,14 @@ def run_cli(*args, cwd=None, timeout=300):
 
 @pytest.fixture(scope="module")
 def gsm_caches(tmp_path_factory):
-    """GSM8K's first 600 rows cached with 1, 2 and 3 workers and with both backends."""
+    """GSM8K's first 600 rows (4 tasks of 150) cached with 1, 2 and 3 workers and with both backends."""
     need(GSM)
     base = tmp_path_factory.mktemp("gsm")
     out = {}
     for workers in (1, 2, 3):
         out[workers] = build_cache(
             GSM, tokenizer=need(GPT2), format="alpaca", out=base / f"w{workers}", fields=GSM_FIELDS,
-            split="train[:600]", max_length=256, num_workers=workers,
+            split="train[:600]", max_length=256, num_workers=workers, rows_per_task=150,
         )
     out["array_record"] = build_cache(
         GSM, tokenizer=need(GPT2), format="alpaca", out=base / "ar", fields=GSM_FIELDS,
@@ -66,10 +67,20 @@ def test_records_equal_the_formatter_oracle(gsm_caches):
 def test_output_is_identical_for_any_worker_count(gsm_caches):
     base = records(pl.open_cache(gsm_caches[1][0]))
     manifests = [pl.open_cache(gsm_caches[w][0]).manifest for w in (1, 2, 3)]
-    assert [m["counts"]["num_workers"] for m in manifests] == [1, 2, 3]
+    assert [gsm_caches[w][1]["num_workers"] for w in (1, 2, 3)] == [1, 2, 3]
+    assert [m["counts"]["tasks"] for m in manifests] == [4, 4, 4]
     assert len({m["content_checksum"] for m in manifests}) == 1
+    assert len({os.path.basename(gsm_caches[w][0]) for w in (1, 2, 3)}) == 1  # num_workers is not in the key
+    # The shard files themselves, hashed here (not the manifest's word for it), are byte-identical.
+    shards = [shard_digests(gsm_caches[w][0]) for w in (1, 2, 3)]
+    assert len(shards[0]) == 4 and shards[0] == shards[1] == shards[2]
     for w in (2, 3):
         assert records(pl.open_cache(gsm_caches[w][0])) == base
+
+
+def shard_digests(path) -> dict:
+    return {f: hashlib.sha256(open(os.path.join(path, f), "rb").read()).hexdigest()
+            for f in sorted(os.listdir(path)) if f.startswith("data-")}
 
 
 def test_content_checksum_is_recomputable(gsm_caches):
@@ -165,7 +176,7 @@ def test_all_rows_dropped_is_an_error_and_publishes_nothing(tmp_path):
 def small_cache(tmp_path):
     path = pl.precache(
         need(DATA / "text" / "llamafactory_c4_demo.jsonl"), tokenizer=need(GPT2), format="text",
-        out=tmp_path, num_workers=2,
+        out=tmp_path, num_workers=2, rows_per_task=150,
     )
     return path
 
@@ -193,7 +204,7 @@ def test_flipped_byte_is_refused_by_verify(small_cache):
     with pytest.raises(CacheError, match=f"{victim}: checksum mismatch"):
         pl.open_cache(small_cache, verify=True)
     r = run_cli("--input", DATA / "text" / "llamafactory_c4_demo.jsonl", "--tokenizer", GPT2, "--format", "text",
-                "--out", os.path.dirname(small_cache), "--num-workers", "2", "--verify")
+                "--out", os.path.dirname(small_cache), "--num-workers", "2", "--rows-per-task", "150", "--verify")
     assert r.returncode == 1 and "checksum mismatch" in r.stderr and victim in r.stderr
 
 

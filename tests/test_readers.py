@@ -25,7 +25,8 @@ def caches(tmp_path_factory):
     rows = [{"text": f"record {i} " + "word " * (i % 13)} for i in range(N_ROWS)]
     data.write_text("".join(json.dumps(r) + "\n" for r in rows))
     expected = [(ids.tolist(), mask.tolist()) for ids, mask in Formatter("text", load_tokenizer(need(GPT2))).encode(rows)]
-    paths = {b: pl.precache(data, tokenizer=GPT2, format="text", out=base, num_workers=3, backend=b)
+    paths = {b: pl.precache(data, tokenizer=GPT2, format="text", out=base, num_workers=3, backend=b,
+                             rows_per_task=-(-N_ROWS // 3))
              for b in ("arrow", "array_record")}
     return paths, expected
 

@@ -1,9 +1,11 @@
 """``python -m portable_loader.precache``: tokenize a dataset once, in parallel, into a cache.
 
-Each of ``num_workers`` processes opens the input itself, reads its own contiguous row range,
-tokenizes it and writes its own shard: no row is pickled between processes and no token goes back
-through a pipe (workers report only counts and checksums). The records, in order, and the content
-checksum are the same for any worker count. A second run with the same inputs is a cache hit that
+The input is cut into numbered tasks of at most ``rows_per_task`` rows (never spanning two files);
+task k writes shard k. ``num_workers`` processes (or, with ``engine="ray"``, a Ray cluster) run the
+tasks: each reads its own row range, tokenizes it and writes its own shard, so no row is pickled
+between processes and no token goes back through a pipe (tasks report only counts and checksums).
+The shard files are byte-identical for any worker count and either engine, and the engine is not
+part of the cache key. A second run with the same inputs is a cache hit that
 tokenizes nothing.
 
 Run with no arguments it caches the sample dataset bundled with the package, with the bundled
@@ -47,7 +49,7 @@ from portable_loader.io.remote import is_url, join
 from portable_loader.precache.engine import cached_tokenizer, run_tasks
 from portable_loader.precache.lock import locked, sweep_locks
 from portable_loader.precache.manage import cache_info, list_caches, remove_cache
-from portable_loader.precache.plan import plan_shards
+from portable_loader.precache.plan import DEFAULT_ROWS_PER_TASK, plan_tasks
 from portable_loader.tokenize import (
     ALPACA_PROMPT,
     ALPACA_PROMPT_NO_INPUT,
@@ -59,6 +61,8 @@ from portable_loader.tokenize import (
     tokenizer_identity,
     transcript_markers,
 )
+
+ENGINES = ("local", "ray")
 
 __all__ = ["precache", "build_cache", "prepare", "sample_args", "cache_info", "list_caches", "remove_cache"]
 
@@ -82,6 +86,9 @@ def build_cache(
     max_length: int | None = None,
     overlong: str = "drop",
     num_workers: int | None = None,
+    engine: str = "local",
+    ray_address: str | None = None,
+    rows_per_task: int = DEFAULT_ROWS_PER_TASK,
     backend: str = "arrow",
     fields: dict[str, str] | None = None,
     split: str | None = None,
@@ -105,6 +112,10 @@ def build_cache(
         raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
     if num_workers is not None and (not _is_int(num_workers) or num_workers < 0):
         raise ValueError(f"num_workers must be an integer >= 0 (0: in this process; None: all cores), got {num_workers!r}")
+    if engine not in ENGINES:
+        raise ValueError(f"engine must be one of {ENGINES}, got {engine!r}")
+    if not _is_int(rows_per_task) or rows_per_task < 1:
+        raise ValueError(f"rows_per_task must be an integer >= 1, got {rows_per_task!r}")
     table, config, key_parts = prepare(
         input, tokenizer=tokenizer, format=format, max_length=max_length, overlong=overlong, fields=fields,
         split=split, chat_template=chat_template, eos_token=eos_token, on_bad_row=on_bad_row, transcript=transcript,
@@ -113,6 +124,9 @@ def build_cache(
     config["backend"] = key_parts["backend"] = backend
     if backend == "array_record":  # see cache/writer.py
         key_parts["array_record_options"] = ARRAY_RECORD_OPTIONS
+    # The plan decides the shard files (the engine and worker count do not): a cache of the earlier
+    # layout, one shard per worker, has another key, so it is never mistaken for this one.
+    key_parts["plan"] = {"rows_per_task": rows_per_task}
     fields, transcript = config["fields"], config["transcript"]
     tokenizer, out = config["tokenizer"], os.fspath(out)
     key = cache_key(key_parts)
@@ -138,7 +152,8 @@ def build_cache(
         tmp = None
         try:
             tmp = temp_dir(staging, name)
-            manifest = _tokenize_into(tmp, table, config, num_workers, show_progress, key)
+            manifest, run = _tokenize_into(tmp, table, config, key, rows_per_task, show_progress,
+                                           num_workers=num_workers, engine=engine, ray_address=ray_address)
             manifest.update(key=key, key_parts=key_parts, config=config)
             write_manifest(tmp, manifest)
             if remote:
@@ -153,7 +168,7 @@ def build_cache(
                 raise CacheError(f"{out}: cannot write the cache: {e.strerror or e} (nothing was published)") from e
             raise
     seconds = time.perf_counter() - t0
-    return final, {**manifest["counts"], "hit": False, "seconds": seconds, "path": final}
+    return final, {**manifest["counts"], **run, "hit": False, "seconds": seconds, "path": final}
 
 
 def prepare(
@@ -245,22 +260,19 @@ def _is_int(x) -> bool:
     return isinstance(x, numbers.Integral) and not isinstance(x, bool)
 
 
-def _tokenize_into(tmp: str, table, config: dict, num_workers: int | None, show_progress: bool, key: str) -> dict:
+def _tokenize_into(tmp: str, table, config: dict, key: str, rows_per_task: int, show_progress: bool, *,
+                   num_workers: int | None, engine: str, ray_address: str | None) -> tuple[dict, dict]:
+    """Run the plan's tasks into ``tmp``: the manifest (less key and config) and how it ran."""
     rows = len(table)
-    plan = plan_shards(rows, num_workers)
-    tasks = [
-        {
-            "config": config,
-            "lo": task.lo,
-            "hi": task.hi,
-            "shard_path": os.path.join(tmp, task.file(config["backend"])),
-            "tokenizer_files": key,
-            "table": table,
-        }
-        for task in plan
-    ]
+    plan = plan_tasks(table, rows_per_task)
     t = time.perf_counter()
-    results = run_tasks(tasks, show_progress, rows)
+    if engine == "ray":
+        from portable_loader.precache.ray_engine import run_ray_tasks
+
+        results, workers = run_ray_tasks(plan, config, key, tmp, ray_address, show_progress, rows)
+    else:
+        common = {"config": config, "table": table, "tokenizer_files": key, "tmp": tmp}
+        results, workers = run_tasks(plan, common, num_workers, show_progress, rows)
     seconds = time.perf_counter() - t
     dropped: Counter = Counter()
     for r in results:
@@ -273,7 +285,7 @@ def _tokenize_into(tmp: str, table, config: dict, num_workers: int | None, show_
         "tokens": sum(r["tokens"] for r in results),
         "trainable_tokens": sum(r["trainable_tokens"] for r in results),
         "tokenize_seconds": round(seconds, 3),
-        "num_workers": len(plan),
+        "tasks": len(plan),
     }
     if counts["rows_out"] == 0:
         raise PortableLoaderError(
@@ -289,7 +301,7 @@ def _tokenize_into(tmp: str, table, config: dict, num_workers: int | None, show_
         "content_checksum": f"{content:032x}",
         "shards": [r["shard"] for r in results],
         "created_unix": int(time.time()),
-    }
+    }, {"engine": engine, "num_workers": workers}
 
 
 def precache(input, *, tokenizer: str, format: str, out: str, **options) -> str:
@@ -299,7 +311,9 @@ def precache(input, *, tokenizer: str, format: str, out: str, **options) -> str:
     :mod:`portable_loader.io.files` for the row order).
 
     Options: ``max_length`` (>= 2), ``overlong="drop"|"truncate"``, ``num_workers`` (default: all
-    cores; 0 or 1: in this process), ``backend="arrow"|"array_record"``,
+    cores; 0 or 1: in this process), ``engine="local"|"ray"`` and ``ray_address`` (None: a Ray
+    started here, or ``RAY_ADDRESS``; ``"auto"``; ``"host:port"``: see docs/distributed.md),
+    ``rows_per_task`` (rows per shard at most, default 50000), ``backend="arrow"|"array_record"``,
     ``fields={"instruction": "question", ...}``, ``split`` (e.g. ``"train[:1000]"``), ``chat_template``
     (file, text or ``"default"``), ``eos_token``, ``on_bad_row="error"|"skip"``, ``transcript``
     (chat: ``"hh"`` or ``{marker: role}``, the ``messages`` field is one role-marked string), ``force``,

@@ -25,7 +25,8 @@ import time
 from portable_loader.cache.manifest import BACKENDS
 from portable_loader.cache.readers import open_cache
 from portable_loader.errors import PortableLoaderError
-from portable_loader.precache import _fmt_dropped, build_cache, sample_args
+from portable_loader.precache import ENGINES, _fmt_dropped, build_cache, sample_args
+from portable_loader.precache.plan import DEFAULT_ROWS_PER_TASK
 from portable_loader.precache.manage import cache_info, format_info, list_caches, remove_cache
 from portable_loader.tokenize import FIELDS, FORMATS, MIN_MAX_LENGTH, TRANSCRIPT_PRESETS
 
@@ -109,6 +110,14 @@ def _build_parser() -> argparse.ArgumentParser:
                    help="what happens to a record longer than --max-length (both are counted)")
     p.add_argument("--num-workers", type=_int_at_least(0), metavar="N",
                    help="tokenizer processes (default: all cores); 0 or 1: tokenize in this process")
+    p.add_argument("--engine", choices=ENGINES, default="local",
+                   help="who runs the tasks: local processes, or a Ray cluster (see --ray-address); "
+                   "the cache is the same either way")
+    p.add_argument("--ray-address", metavar="ADDR",
+                   help="--engine ray: 'auto' (the cluster this machine is in) or HOST:PORT of its head "
+                   "(default: RAY_ADDRESS, else a Ray started on this machine)")
+    p.add_argument("--rows-per-task", type=_int_at_least(1), default=DEFAULT_ROWS_PER_TASK, metavar="ROWS",
+                   help="rows per task, so per shard, at most (tasks never span input files)")
     p.add_argument("--backend", choices=BACKENDS, default="arrow",
                    help="shard format: arrow (memory-mapped, datasets.load_from_disk) or array_record (Grain)")
     p.add_argument("--field", action="append", default=[], metavar="NAME=COLUMN",
@@ -146,7 +155,8 @@ def _build(argv: list[str]) -> int:
     try:
         path, s = build_cache(
             args.input, tokenizer=args.tokenizer, format=args.format, out=args.out, max_length=args.max_length,
-            overlong=args.overlong, num_workers=args.num_workers, backend=args.backend,
+            overlong=args.overlong, num_workers=args.num_workers, backend=args.backend, engine=args.engine,
+            ray_address=args.ray_address, rows_per_task=args.rows_per_task,
             fields=_parse_fields(args.field), split=args.split, chat_template=args.chat_template,
             eos_token=args.eos_token, on_bad_row=args.on_bad_row, transcript=_parse_transcript(args.transcript),
             force=args.force, show_progress=sys.stderr.isatty(),
@@ -163,10 +173,11 @@ def _build(argv: list[str]) -> int:
         print(f"cache hit: {s['rows_out']} records, {s['tokens']} tokens (nothing tokenized, {s['seconds']:.2f} s)")
     else:
         rate = s["rows_in"] / max(s["tokenize_seconds"], 1e-9)
+        ran_on = f"Ray CPUs: {s['num_workers']}" if s["engine"] == "ray" else f"workers: {s['num_workers']}"
         print(
             f"rows in: {s['rows_in']}  rows out: {s['rows_out']}  dropped: {_fmt_dropped(s['dropped'])}  "
             f"truncated: {s['truncated']}\ntokens: {s['tokens']} ({s['trainable_tokens']} trained)  "
-            f"seconds: {s['seconds']:.2f}  rows/s: {rate:,.0f}  workers: {s['num_workers']}"
+            f"seconds: {s['seconds']:.2f}  rows/s: {rate:,.0f}  tasks: {s['tasks']}  {ran_on}"
         )
     if args.verify:
         print("verified: every shard checksum matches")

@@ -1,30 +1,36 @@
-"""Running precache tasks: a local process pool of tokenizing workers, and the progress bar.
+"""Running precache tasks: the local engine (a process pool of tokenizing workers) and the task itself.
 
-Each worker opens nothing new: it inherits (fork) the parent's input table and loaded tokenizer,
-reads its own row range, tokenizes it and writes its own shard, and reports only counts and
-checksums. One task runs inline, with no process to start.
+The tasks come from :mod:`portable_loader.precache.plan`, however many processes run them. Each
+worker opens nothing new: it inherits (fork) the parent's input table and loaded tokenizer, and for
+each task reads the task's row range, tokenizes it, writes the task's shard and reports only counts
+and checksums. With one worker the tasks run inline, with no process to start.
+:mod:`portable_loader.precache.ray_engine` runs the same :func:`tokenize_task` on a Ray cluster.
 
 Example:
-    >>> results = run_tasks(tasks, show_progress=False, total=rows)  # doctest: +SKIP
-    >>> sum(r["shard"]["rows"] for r in results)                      # doctest: +SKIP
+    >>> results, workers = run_tasks(tasks, common, 4, show_progress=False, total=rows)  # doctest: +SKIP
+    >>> sum(r["shard"]["rows"] for r in results)                                           # doctest: +SKIP
     2000
 """
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing as mp
 import os
 import signal
 import sys
 import time
+import uuid
 from collections import Counter
 
 from portable_loader.cache.writer import ShardWriter, record_digest
+from portable_loader.precache.plan import cpu_count
 from portable_loader.tokenize import Formatter, load_tokenizer
 
 _ENCODE_ROWS = 256
 
 _progress = None  # per-worker row counters in shared memory, inherited from the parent
+_common = None  # what every task shares (config, input table, temp dir): given once per process
 _loaded: dict = {}  # tokenizers loaded by the parent: forked workers inherit them instead of reloading
 
 
@@ -44,16 +50,26 @@ def cached_tokenizer(path: str, chat_template: str | None, eos_token: str | None
     return _loaded[key]
 
 
-def _worker(task: dict, slot: int) -> dict:
-    """Tokenize rows [lo, hi) of the input into one shard; return counts and checksums only."""
-    cfg = task["config"]
-    table = task["table"]  # the parent's: its line index is small, and a re-scan would read the whole input
-    tok = cached_tokenizer(cfg["tokenizer"], cfg["chat_template"], cfg["eos_token"], task["tokenizer_files"])
+def tokenize_task(task, table, offset: int, cfg: dict, tokenizer_files: str, tmp: str, progress=None) -> dict:
+    """Tokenize ``task``'s rows into its shard under ``tmp``; return counts and checksums only.
+
+    ``table`` numbers the task's rows from ``offset`` below the input window's numbering (0 for the
+    whole input table; the task's file read alone otherwise). The shard is written under a temporary
+    name and renamed, so a task rerun after a lost node overwrites it whole, with the same bytes.
+    ``progress(n)``, if given, is told of every ``n`` rows read.
+
+    Example:
+        >>> result = tokenize_task(plan[0], table, 0, config, key, tmp)  # doctest: +SKIP
+        >>> result["shard"]["file"]                                       # doctest: +SKIP
+        'data-00000-of-00003.arrow'
+    """
+    tok = cached_tokenizer(cfg["tokenizer"], cfg["chat_template"], cfg["eos_token"], tokenizer_files)
     fmt = Formatter(
         cfg["format"], tok, fields=cfg["fields"], max_length=cfg["max_length"], overlong=cfg["overlong"],
         path=table.path, on_bad_row=cfg["on_bad_row"], transcript=cfg["transcript"],
     )
-    writer = ShardWriter(task["shard_path"], cfg["backend"])
+    final = os.path.join(tmp, task.shard(cfg["backend"]))
+    part = f"{final}.{uuid.uuid4().hex}.part"
     dropped: Counter = Counter()
     rows_in = tokens = trainable = 0
     content = 0
@@ -61,7 +77,7 @@ def _worker(task: dict, slot: int) -> dict:
 
     def flush():
         nonlocal tokens, trainable, content
-        results = fmt.encode(pending_rows, lambda i: table.where(pending_numbers[i]))
+        results = fmt.encode(pending_rows, lambda i: table.where(pending_numbers[i] - offset))
         for number, result in zip(pending_numbers, results):
             if isinstance(result, str):
                 dropped[result] += 1
@@ -71,21 +87,29 @@ def _worker(task: dict, slot: int) -> dict:
             tokens += ids.size
             trainable += int(mask.sum())
             content = (content + record_digest(number, ids, mask)) % (1 << 128)
-        _progress[slot] += len(pending_rows)
+        if progress is not None:
+            progress(len(pending_rows))
         pending_rows.clear()
         pending_numbers.clear()
 
-    for number, row in table.read(task["lo"], task["hi"]):
-        rows_in += 1
-        pending_rows.append(row)
-        pending_numbers.append(number)
-        if len(pending_rows) >= _ENCODE_ROWS:
+    writer = ShardWriter(part, cfg["backend"])
+    try:
+        for number, row in table.read(task.lo - offset, task.hi - offset):
+            rows_in += 1
+            pending_rows.append(row)
+            pending_numbers.append(number + offset)
+            if len(pending_rows) >= _ENCODE_ROWS:
+                flush()
+        if pending_rows:
             flush()
-    if pending_rows:
-        flush()
-    shard = writer.close()
+        shard = writer.close()
+        os.replace(part, final)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.remove(part)
+        raise
     return {
-        "shard": shard,
+        "shard": {**shard, "file": os.path.basename(final)},
         "rows_in": rows_in,
         "dropped": dict(dropped),
         "truncated": fmt.truncated,
@@ -95,9 +119,20 @@ def _worker(task: dict, slot: int) -> dict:
     }
 
 
-def _init_worker(progress) -> None:
-    global _progress
-    _progress = progress
+def _worker(task, slot: int) -> dict:
+    """One task in a pool process (or inline), on the parent's table: its line index is small, and a
+    re-scan would read the whole input."""
+    c = _common
+
+    def progress(n):
+        _progress[slot] += n
+
+    return tokenize_task(task, c["table"], 0, c["config"], c["tokenizer_files"], c["tmp"], progress)
+
+
+def _init_worker(progress, common) -> None:
+    global _progress, _common
+    _progress, _common = progress, common
     # Ctrl-C is the parent's to handle: it stops the workers and removes the temp directory.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     # One worker per core: the tokenizer's own thread pool would only oversubscribe.
@@ -117,24 +152,40 @@ def _raise_first_error(pending: list) -> None:
             p.get()  # raises the worker's error; the caller's with block terminates the rest
 
 
-def run_tasks(tasks: list[dict], show_progress: bool, total: int) -> list[dict]:
-    """Run every task (one process each, or inline for one) and return their results in task order.
+def _start_method() -> str:
+    """fork, unless this process holds a Ray connection: its gRPC threads' locks, copied mid-use into
+    a forked child, hang it. Then forkserver (a clean process that forks the workers)."""
+    methods = mp.get_all_start_methods()
+    ray = sys.modules.get("ray")
+    if "fork" in methods and not (ray is not None and getattr(ray, "is_initialized", lambda: False)()):
+        return "fork"
+    return "forkserver" if "forkserver" in methods else "spawn"
 
-    The error of the first bad row in input order is raised here (whichever worker hits its bad row
-    first), and the pool's other workers are terminated.
+
+def run_tasks(tasks: list, common: dict, num_workers: int | None, show_progress: bool, total: int) -> tuple[list[dict], int]:
+    """Run every task on a pool of ``num_workers`` processes (inline for 0 or 1, or one task).
+
+    ``common``: ``config``, ``table``, ``tokenizer_files`` and ``tmp``, given once to each process.
+    Returns the results in task order and the number of processes used. The error of the first bad
+    row in input order is raised here (whichever worker hits its bad row first), and the pool's other
+    workers are terminated.
     """
     from tqdm import tqdm
 
-    ctx = mp.get_context("fork" if "fork" in mp.get_all_start_methods() else "spawn")
-    global _progress
+    ctx = mp.get_context(_start_method())
+    global _progress, _common
+    workers = max(1, min(cpu_count() if num_workers is None else num_workers, len(tasks)))
     progress = _progress = ctx.Array("q", len(tasks), lock=False)
+    _common = common
     bar = tqdm(total=total, unit="rows", disable=not show_progress, file=sys.stderr, smoothing=0.1)
     try:
-        if len(tasks) == 1:
-            # One worker: run inline, no process to start.
-            results = [_worker(tasks[0], 0)]
+        if workers == 1:
+            results = []
+            for i, t in enumerate(tasks):
+                results.append(_worker(t, i))
+                bar.update(sum(progress) - bar.n)
         else:
-            with ctx.Pool(len(tasks), initializer=_init_worker, initargs=(progress,)) as pool:
+            with ctx.Pool(workers, initializer=_init_worker, initargs=(progress, common)) as pool:
                 pending = [pool.apply_async(_worker, (t, i)) for i, t in enumerate(tasks)]
                 while not all(p.ready() for p in pending):
                     _raise_first_error(pending)
@@ -145,4 +196,5 @@ def run_tasks(tasks: list[dict], show_progress: bool, total: int) -> list[dict]:
         bar.update(sum(progress) - bar.n)
     finally:
         bar.close()
-    return results
+        _common = None
+    return results, workers

@@ -1,12 +1,16 @@
-"""The logical tasks of a precache run: which contiguous input rows each worker turns into which shard.
+"""The logical tasks of a precache run: which input rows become which shard.
 
-The tasks follow from the row count and the worker count alone (never from timing), so the shards
-a run will write are fixed before any process starts, and the records, in order, are the same for
-any worker count.
+The plan is a function of the input (its files and their row counts) and ``rows_per_task`` alone:
+never of the worker count, the engine or timing. Every file's rows are cut into near-equal
+contiguous tasks of at most ``rows_per_task`` rows (a task never spans two files), numbered in input
+order, and task ``k`` writes shard ``k``. So the shard files of a cache are byte-identical whether
+one process, a pool or a Ray cluster ran the tasks, and whichever node ran which task.
 
 Example:
-    >>> [(t.lo, t.hi, t.file("arrow")) for t in plan_shards(10, 3)]
-    [(0, 3, 'data-00000-of-00003.arrow'), (3, 6, 'data-00001-of-00003.arrow'), (6, 10, 'data-00002-of-00003.arrow')]
+    >>> split_rows(0, 10, 4)
+    [(0, 3), (3, 6), (6, 10)]
+    >>> ShardTask(1, 4, 25, 50, "a.jsonl", 25).shard("arrow")
+    'data-00001-of-00004.arrow'
 """
 
 from __future__ import annotations
@@ -16,36 +20,74 @@ from typing import NamedTuple
 
 from portable_loader.cache.writer import shard_name
 
+# Big enough that a task's start-up (opening the file, loading the tokenizer) is noise, small enough
+# that a lost node's rerun, and the progress bar's steps, are a few seconds of work.
+DEFAULT_ROWS_PER_TASK = 50_000
+
 
 class ShardTask(NamedTuple):
-    """Rows ``[lo, hi)`` of the input, tokenized into shard ``index`` of ``count``.
+    """Window rows ``[lo, hi)`` of the input, tokenized into shard ``index`` of ``count``.
+
+    The rows all lie in one file: ``file`` (None for an in-memory dataset), where ``lo`` is row
+    ``file_lo`` of that file read alone (no split), so a remote worker can read them from storage.
 
     Example:
-        >>> ShardTask(1, 4, 25, 50).file("array_record")
-        'data-00001-of-00004.array_record'
+        >>> ShardTask(0, 1, 0, 10, "x.jsonl", 0).shard("array_record")
+        'data-00000-of-00001.array_record'
     """
 
     index: int
     count: int
     lo: int
     hi: int
+    file: str | None
+    file_lo: int
 
-    def file(self, backend: str) -> str:
+    def shard(self, backend: str) -> str:
         return shard_name(backend, self.index, self.count)
 
 
-def plan_shards(rows: int, num_workers: int | None) -> list[ShardTask]:
-    """One task per worker: ``rows`` split into near-equal contiguous ranges, at least one row each.
-
-    ``num_workers`` None means all cores; 0 means this process, as for ``DataLoader``, so one task.
+def split_rows(lo: int, hi: int, rows_per_task: int) -> list[tuple[int, int]]:
+    """``[lo, hi)`` cut into the fewest near-equal contiguous ranges of at most ``rows_per_task`` rows.
 
     Example:
-        >>> [(t.lo, t.hi) for t in plan_shards(5, 0)]
-        [(0, 5)]
+        >>> split_rows(5, 8, 100)
+        [(5, 8)]
     """
-    workers = max(1, min(cpu_count() if num_workers is None else int(num_workers), rows))
-    bounds = [rows * i // workers for i in range(workers + 1)]
-    return [ShardTask(i, workers, bounds[i], bounds[i + 1]) for i in range(workers)]
+    n = hi - lo
+    k = -(-n // rows_per_task)
+    return [(lo + n * i // k, lo + n * (i + 1) // k) for i in range(k)]
+
+
+def plan_tasks(table, rows_per_task: int = DEFAULT_ROWS_PER_TASK) -> list[ShardTask]:
+    """The tasks for an open input table (see :func:`portable_loader.io.open_inputs`).
+
+    Example:
+        >>> from portable_loader.precache import sample_args
+        >>> from portable_loader.io import open_inputs
+        >>> [(t.lo, t.hi) for t in plan_tasks(open_inputs(sample_args()["input"]), 20)][:2]
+        [(0, 20), (20, 40)]
+    """
+    if isinstance(rows_per_task, bool) or not isinstance(rows_per_task, int) or rows_per_task < 1:
+        raise ValueError(f"rows_per_task must be an integer >= 1, got {rows_per_task!r}")
+    pieces = []
+    for path, lo, hi, file_lo in _file_spans(table):
+        pieces += [(path, a, b, file_lo + a - lo) for a, b in split_rows(lo, hi, rows_per_task)]
+    return [ShardTask(i, len(pieces), a, b, path, f) for i, (path, a, b, f) in enumerate(pieces)]
+
+
+def _file_spans(table) -> list[tuple[str | None, int, int, int]]:
+    """``(file, window_lo, window_hi, file_lo)`` for each file with rows in the table's window."""
+    parts = getattr(table, "tables", None)
+    if parts is None:
+        path = table.path if table.kind != "hf_dataset" else None
+        return [(path, 0, len(table), table.start)]
+    spans = []
+    for k, t in enumerate(parts):
+        a, b = max(table.start, int(table.bounds[k])), min(table.stop, int(table.bounds[k + 1]))
+        if a < b:
+            spans.append((t.path, a - table.start, b - table.start, t.start + a - int(table.bounds[k])))
+    return spans
 
 
 def cpu_count() -> int:

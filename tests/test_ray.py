@@ -1,0 +1,237 @@
+"""precache with engine="ray" on a real multi-node Ray cluster on this machine (all on 127.0.0.1).
+
+One session-scoped ``ray.cluster_utils.Cluster``: a head and two worker nodes of one CPU each. The
+oracle for every Ray build is the local engine's build of the same input: the shard files must be
+byte-identical (sha256 computed here), and the cache names equal.
+"""
+
+import os
+
+# Every Ray process on loopback: without this Ray binds to this machine's outside address.
+os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
+
+import hashlib
+import json
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+
+ray = pytest.importorskip("ray")
+from ray.cluster_utils import Cluster  # noqa: E402
+
+import portable_loader as pl  # noqa: E402
+from portable_loader.errors import BadRowError, PortableLoaderError  # noqa: E402
+from portable_loader.precache import build_cache, sample_args  # noqa: E402
+
+LOOPBACK = "127.0.0.1"
+NODE = dict(num_cpus=1, node_ip_address=LOOPBACK, include_dashboard=False, object_store_memory=80 * 1024 * 1024)
+ROWS_PER_TASK = 40
+
+
+@pytest.fixture(scope="session")
+def inputs(tmp_path_factory):
+    """The bundled chat sample, repeated and cut into three files of unequal length."""
+    folder = tmp_path_factory.mktemp("ray-in")
+    lines = [line for line in open(sample_args()["input"]) if line.strip()]
+    rows = (lines * (1 + 900 // len(lines)))[:900]
+    for k, (lo, hi) in enumerate([(0, 130), (130, 500), (500, 900)]):
+        (folder / f"part-{k}.jsonl").write_text("".join(rows[lo:hi]))
+    return folder
+
+
+def options(**extra):
+    return {"tokenizer": sample_args()["tokenizer"], "format": "chat", "rows_per_task": ROWS_PER_TASK, **extra}
+
+
+def shard_digests(path) -> dict:
+    return {f: hashlib.sha256(open(os.path.join(path, f), "rb").read()).hexdigest()
+            for f in sorted(os.listdir(path)) if f.startswith("data-")}
+
+
+@pytest.fixture(scope="session")
+def local(inputs, tmp_path_factory):
+    """The local engine's caches (1 and 2 workers), built before any Ray process exists."""
+    base = tmp_path_factory.mktemp("local")
+    one, _ = build_cache(str(inputs), out=base / "w1", num_workers=1, **options())
+    two, summary = build_cache(str(inputs), out=base / "w2", num_workers=2, **options())
+    assert summary["num_workers"] == 2 and summary["tasks"] == 4 + 10 + 10  # 130, 370, 400 rows by 40
+    assert os.path.basename(one) == os.path.basename(two) and shard_digests(one) == shard_digests(two)
+    return one
+
+
+@pytest.fixture(scope="session")
+def cluster(local):
+    cluster = Cluster(initialize_head=True, head_node_args=NODE)
+    workers = [cluster.add_node(**NODE) for _ in range(2)]
+    cluster.wait_for_nodes()
+    ray.init(address=cluster.address, _node_ip_address=LOOPBACK, log_to_driver=False)
+    yield cluster, workers
+    ray.shutdown()
+    cluster.shutdown()
+
+
+def no_temp_left(out) -> bool:
+    return not [n for n in os.listdir(out) if n.startswith(".tmp-")]
+
+
+def test_ray_build_is_byte_identical_to_local_and_a_hit_for_local(inputs, local, cluster, tmp_path, capsys):
+    path, summary = build_cache(str(inputs), out=tmp_path, engine="ray", ray_address=cluster[0].address,
+                                show_progress=True, **options())
+    assert "900/900" in capsys.readouterr().err  # the driver's progress bar counted every row
+    assert summary["engine"] == "ray" and not summary["hit"] and summary["num_workers"] == 3
+    assert os.path.basename(path) == os.path.basename(local)  # the engine is not in the key
+    assert shard_digests(path) == shard_digests(local) and len(shard_digests(path)) == 24
+    assert pl.open_cache(path).manifest["content_checksum"] == pl.open_cache(local).manifest["content_checksum"]
+    again, s = build_cache(str(inputs), out=tmp_path, num_workers=2, **options())
+    assert s["hit"] and again == path
+
+
+def test_a_hit_is_answered_without_connecting_to_ray(inputs, local, tmp_path):
+    """Run where no Ray exists: a fresh process, an address where nothing listens, and a cache there."""
+    out = os.path.dirname(local)
+    code = (
+        "import sys, portable_loader as pl; from portable_loader.precache import build_cache; "
+        f"p, s = build_cache({str(inputs)!r}, out={out!r}, engine='ray', ray_address='{LOOPBACK}:{free_port()}', "
+        f"**{options()!r}); print(s['hit'], p, 'ray' in sys.modules)"
+    )
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split() == ["True", local, "False"]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind((LOOPBACK, 0))
+        return s.getsockname()[1]
+
+
+def test_an_address_that_does_not_answer_is_a_clear_error_within_seconds(inputs, tmp_path):
+    t = time.monotonic()
+    r = subprocess.run(
+        [sys.executable, "-m", "portable_loader.precache", "--input", str(inputs), "--format", "chat",
+         "--tokenizer", sample_args()["tokenizer"], "--out", str(tmp_path), "--engine", "ray",
+         "--ray-address", f"{LOOPBACK}:{free_port()}"],
+        capture_output=True, text=True, timeout=120,
+    )
+    assert r.returncode == 1 and "cannot reach the Ray cluster at '127.0.0.1:" in r.stderr, r.stderr
+    assert time.monotonic() - t < 60  # the connect timeout is 5 s; the rest is start-up on a loaded machine
+    assert no_temp_left(tmp_path) and not [n for n in os.listdir(tmp_path) if n.startswith("chat-")]
+
+
+def test_ray_not_installed_is_a_clear_error(inputs, tmp_path):
+    # sys.modules[name] = None is Python's own way of making an import fail, as if not installed.
+    code = (
+        "import sys; sys.modules['ray'] = None; from portable_loader.precache import build_cache\n"
+        "try:\n"
+        f"    build_cache({str(inputs)!r}, out={str(tmp_path)!r}, engine='ray', **{options()!r})\n"
+        "except Exception as e:\n"
+        "    print(type(e).__name__, e)"
+    )
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert r.stdout.startswith("PortableLoaderError engine='ray' needs Ray: pip install 'portable-loader[ray]'"), r
+    assert no_temp_left(tmp_path)
+
+
+def test_node_lost_mid_run_reruns_its_tasks_and_the_cache_is_identical(inputs, local, cluster, tmp_path):
+    c, workers = cluster
+    out = tmp_path / "c"
+    got = {}
+
+    def build():
+        try:
+            got["result"] = build_cache(str(inputs), out=out, engine="ray", ray_address=c.address,
+                                        **options(rows_per_task=10))
+        except BaseException as e:  # reported by the assertion below
+            got["error"] = e
+
+    thread = threading.Thread(target=build)
+    thread.start()
+    # Wait until tasks are running (a first shard is in the temporary folder), then kill a node.
+    deadline = time.monotonic() + 120
+    while thread.is_alive() and time.monotonic() < deadline and not any(
+        n.startswith("data-") for d in (out.glob(".tmp-*") if out.exists() else []) if d.is_dir() for n in os.listdir(d)
+    ):
+        time.sleep(0.01)
+    assert thread.is_alive(), f"the build ended before a node could be removed: {got}"
+    c.remove_node(workers.pop(), allow_graceful=False)
+    thread.join(300)
+    workers.append(c.add_node(**NODE))  # for the tests after this one
+    assert "error" not in got, got.get("error")
+    path, summary = got["result"]
+    # rows_per_task=10 is another plan (another key): its oracle is a local build with the same plan.
+    want, _ = build_cache(str(inputs), out=tmp_path / "local", num_workers=0, **options(rows_per_task=10))
+    assert os.path.basename(path) == os.path.basename(want) and summary["tasks"] == 90
+    assert shard_digests(path) == shard_digests(want)
+    assert sorted(os.listdir(path)) == sorted(os.listdir(want))  # no partial shard of a killed task left
+
+
+def test_bad_row_stops_the_run_names_file_and_line_publishes_nothing_and_the_cluster_stays_usable(
+        inputs, local, cluster, tmp_path):
+    bad = tmp_path / "in"
+    bad.mkdir()
+    for k in range(3):
+        text = (inputs / f"part-{k}.jsonl").read_text()
+        if k == 2:
+            lines = text.splitlines(keepends=True)
+            lines[250] = '{"messages": [{"role": "user", "content": "unterminated\n'
+            text = "".join(lines)
+        (bad / f"part-{k}.jsonl").write_text(text)
+    out = tmp_path / "c"
+    with pytest.raises(BadRowError) as e:
+        build_cache(str(bad), out=out, engine="ray", ray_address=cluster[0].address, **options())
+    assert str(bad / "part-2.jsonl") in str(e.value) and "line 251" in str(e.value)
+    assert no_temp_left(out) and not [n for n in os.listdir(out) if n.startswith("chat-")]
+    # Still usable: the same cluster builds the good input, identical to the local build.
+    path, summary = build_cache(str(inputs), out=out, engine="ray", ray_address=cluster[0].address, **options())
+    assert not summary["hit"] and shard_digests(path) == shard_digests(local)
+
+
+def test_an_in_memory_dataset_is_refused_with_the_way_out(cluster, tmp_path):
+    datasets = pytest.importorskip("datasets")
+    ds = datasets.Dataset.from_list([json.loads(line) for line in open(sample_args()["input"]) if line.strip()])
+    with pytest.raises(PortableLoaderError, match="save_to_disk"):
+        build_cache(ds, out=tmp_path, engine="ray", ray_address=cluster[0].address, **options())
+    assert no_temp_left(tmp_path)
+
+
+def idle_cpus():
+    return ray.available_resources().get("CPU", 0)
+
+
+def test_ctrl_c_on_the_driver_cancels_the_tasks_and_publishes_nothing(inputs, local, cluster, tmp_path):
+    out = tmp_path / "c"
+    driver = subprocess.Popen(
+        [sys.executable, "-m", "portable_loader.precache", "--input", str(inputs), "--format", "chat",
+         "--tokenizer", sample_args()["tokenizer"], "--out", str(out), "--engine", "ray",
+         "--ray-address", cluster[0].address, "--rows-per-task", "5"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )
+    deadline = time.monotonic() + 120
+    while driver.poll() is None and time.monotonic() < deadline and not any(
+        n.startswith("data-") for d in (out.glob(".tmp-*") if out.exists() else []) if d.is_dir() for n in os.listdir(d)
+    ):
+        time.sleep(0.01)
+    assert driver.poll() is None, "the build ended before Ctrl-C"
+    driver.send_signal(signal.SIGINT)
+    _, err = driver.communicate(timeout=120)
+    assert driver.returncode == 130 and "interrupted: no cache was published" in err, err
+    assert no_temp_left(out) and not [n for n in os.listdir(out) if n.startswith("chat-")]
+    # The cancelled tasks are gone: the cluster's CPUs are all free again, and it still builds.
+    deadline = time.monotonic() + 60
+    while idle_cpus() != ray.cluster_resources().get("CPU") and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert idle_cpus() == ray.cluster_resources().get("CPU") >= 3
+    path, summary = build_cache(str(inputs), out=out, engine="ray", ray_address=cluster[0].address, **options())
+    assert shard_digests(path) == shard_digests(local)
+
+
+def test_local_engine_in_a_process_connected_to_ray_does_not_hang(inputs, local, cluster, tmp_path):
+    """Forked workers of a process holding Ray's gRPC threads hang; the pool must not fork then."""
+    assert ray.is_initialized()
+    path, summary = build_cache(str(inputs), out=tmp_path, num_workers=2, **options())
+    assert summary["num_workers"] == 2 and shard_digests(path) == shard_digests(local)
