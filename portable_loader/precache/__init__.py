@@ -49,7 +49,7 @@ from portable_loader.io.remote import is_url, join
 from portable_loader.precache.engine import cached_tokenizer, run_tasks
 from portable_loader.precache.lock import locked, sweep_locks
 from portable_loader.precache.manage import cache_info, list_caches, remove_cache
-from portable_loader.precache.plan import DEFAULT_ROWS_PER_TASK, plan_tasks
+from portable_loader.precache.plan import default_rows_per_task, plan_tasks
 from portable_loader.tokenize import (
     ALPACA_PROMPT,
     ALPACA_PROMPT_NO_INPUT,
@@ -88,7 +88,7 @@ def build_cache(
     num_workers: int | None = None,
     engine: str = "local",
     ray_address: str | None = None,
-    rows_per_task: int = DEFAULT_ROWS_PER_TASK,
+    rows_per_task: int | None = None,
     backend: str = "arrow",
     fields: dict[str, str] | None = None,
     split: str | None = None,
@@ -114,7 +114,7 @@ def build_cache(
         raise ValueError(f"num_workers must be an integer >= 0 (0: in this process; None: all cores), got {num_workers!r}")
     if engine not in ENGINES:
         raise ValueError(f"engine must be one of {ENGINES}, got {engine!r}")
-    if not _is_int(rows_per_task) or rows_per_task < 1:
+    if rows_per_task is not None and (not _is_int(rows_per_task) or rows_per_task < 1):
         raise ValueError(f"rows_per_task must be an integer >= 1, got {rows_per_task!r}")
     table, config, key_parts = prepare(
         input, tokenizer=tokenizer, format=format, max_length=max_length, overlong=overlong, fields=fields,
@@ -126,6 +126,8 @@ def build_cache(
         key_parts["array_record_options"] = ARRAY_RECORD_OPTIONS
     # The plan decides the shard files (the engine and worker count do not): a cache of the earlier
     # layout, one shard per worker, has another key, so it is never mistaken for this one.
+    if rows_per_task is None:
+        rows_per_task = default_rows_per_task(len(table))
     key_parts["plan"] = {"rows_per_task": rows_per_task}
     fields, transcript = config["fields"], config["transcript"]
     tokenizer, out = config["tokenizer"], os.fspath(out)
@@ -313,7 +315,7 @@ def precache(input, *, tokenizer: str, format: str, out: str, **options) -> str:
     Options: ``max_length`` (>= 2), ``overlong="drop"|"truncate"``, ``num_workers`` (default: all
     cores; 0 or 1: in this process), ``engine="local"|"ray"`` and ``ray_address`` (None: a Ray
     started here, or ``RAY_ADDRESS``; ``"auto"``; ``"host:port"``: see docs/distributed.md),
-    ``rows_per_task`` (rows per shard at most, default 50000), ``backend="arrow"|"array_record"``,
+    ``rows_per_task`` (rows per shard at most; default: the row count / 64, within [1000, 50000]), ``backend="arrow"|"array_record"``,
     ``fields={"instruction": "question", ...}``, ``split`` (e.g. ``"train[:1000]"``), ``chat_template``
     (file, text or ``"default"``), ``eos_token``, ``on_bad_row="error"|"skip"``, ``transcript``
     (chat: ``"hh"`` or ``{marker: role}``, the ``messages`` field is one role-marked string), ``force``,

@@ -26,7 +26,6 @@ from portable_loader.cache.manifest import BACKENDS
 from portable_loader.cache.readers import open_cache
 from portable_loader.errors import PortableLoaderError
 from portable_loader.precache import ENGINES, _fmt_dropped, build_cache, sample_args
-from portable_loader.precache.plan import DEFAULT_ROWS_PER_TASK
 from portable_loader.precache.manage import cache_info, format_info, list_caches, remove_cache
 from portable_loader.tokenize import FIELDS, FORMATS, MIN_MAX_LENGTH, TRANSCRIPT_PRESETS
 
@@ -116,8 +115,9 @@ def _build_parser() -> argparse.ArgumentParser:
     p.add_argument("--ray-address", metavar="ADDR",
                    help="--engine ray: 'auto' (the cluster this machine is in) or HOST:PORT of its head "
                    "(default: RAY_ADDRESS, else a Ray started on this machine)")
-    p.add_argument("--rows-per-task", type=_int_at_least(1), default=DEFAULT_ROWS_PER_TASK, metavar="ROWS",
-                   help="rows per task, so per shard, at most (tasks never span input files)")
+    p.add_argument("--rows-per-task", type=_int_at_least(1), default=None, metavar="ROWS",
+                   help="rows per task, so per shard, at most (tasks never span input files; default: the "
+                   "input's row count / 64, within [1000, 50000], so the cache never depends on the workers)")
     p.add_argument("--backend", choices=BACKENDS, default="arrow",
                    help="shard format: arrow (memory-mapped, datasets.load_from_disk) or array_record (Grain)")
     p.add_argument("--field", action="append", default=[], metavar="NAME=COLUMN",

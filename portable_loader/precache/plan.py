@@ -23,6 +23,20 @@ from portable_loader.cache.writer import shard_name
 # Big enough that a task's start-up (opening the file, loading the tokenizer) is noise, small enough
 # that a lost node's rerun, and the progress bar's steps, are a few seconds of work.
 DEFAULT_ROWS_PER_TASK = 50_000
+# A smaller input is still cut into up to this many tasks (of at least 1,000 rows), so that a
+# 30,000-row SFT set keeps every core busy; the cut depends on the row count alone, never on the
+# worker count or the engine, so the shard files stay identical.
+_MIN_TASKS, _MIN_ROWS_PER_TASK = 64, 1_000
+
+
+def default_rows_per_task(total_rows: int) -> int:
+    """The ``rows_per_task`` used when none is given: a function of the input's row count alone.
+
+    Example:
+        >>> default_rows_per_task(7_473), default_rows_per_task(1_000_000), default_rows_per_task(10**9)
+        (1000, 15625, 50000)
+    """
+    return min(DEFAULT_ROWS_PER_TASK, max(_MIN_ROWS_PER_TASK, -(-int(total_rows) // _MIN_TASKS)))
 
 
 class ShardTask(NamedTuple):
