@@ -44,8 +44,8 @@ def test_sample_cache_key_content_fingerprint_and_state_pinned(tmp_path):
     path, _ = build_cache(**sample_args(), out=tmp_path, max_length=256, num_workers=1)
     # Moved from chat-3d0e5cd442b8a16f68f7 when shards came to follow the task plan (key part "plan":
     # rows_per_task) instead of the worker count, and again when the default rows_per_task came to
-    # follow the row count (2,000 rows: 1,000 per task); the records, so the content checksum, did not move.
-    assert os.path.basename(path) == "chat-89888d8a79905ff94d49"
+    # follow the row count (key part "auto"); the records, so the content checksum, did not move.
+    assert os.path.basename(path) == "chat-4531b578c18d96455b2a"
     src = pl.open_cache(path)
     assert src.manifest["content_checksum"] == "0d4cbacfb094fee9bed77bd6b8f91fef"
     body = {k: v for k, v in src.manifest.items() if k != "checksum"}

@@ -126,9 +126,9 @@ def build_cache(
         key_parts["array_record_options"] = ARRAY_RECORD_OPTIONS
     # The plan decides the shard files (the engine and worker count do not): a cache of the earlier
     # layout, one shard per worker, has another key, so it is never mistaken for this one.
-    if rows_per_task is None:
-        rows_per_task = default_rows_per_task(len(table))
-    key_parts["plan"] = {"rows_per_task": rows_per_task}
+    # The default follows the row count, itself a function of the input already in the key: the key
+    # says "auto" so that a cache hit never counts (for a remote input: downloads) the rows.
+    key_parts["plan"] = {"rows_per_task": "auto" if rows_per_task is None else rows_per_task}
     fields, transcript = config["fields"], config["transcript"]
     tokenizer, out = config["tokenizer"], os.fspath(out)
     key = cache_key(key_parts)
@@ -154,6 +154,8 @@ def build_cache(
         tmp = None
         try:
             tmp = temp_dir(staging, name)
+            if rows_per_task is None:
+                rows_per_task = default_rows_per_task(len(table))
             manifest, run = _tokenize_into(tmp, table, config, key, rows_per_task, show_progress,
                                            num_workers=num_workers, engine=engine, ray_address=ray_address)
             manifest.update(key=key, key_parts=key_parts, config=config)
