@@ -197,7 +197,19 @@ class _Iter:
         return next(self.it)
 
 
-class TorchData:
+class _TorchStyle:
+    """What the torch-style peers share: a ``state_dict()`` on the loader, nothing to stop."""
+
+    @staticmethod
+    def state(it):
+        return it.owner.state_dict()
+
+    @staticmethod
+    def close(it):
+        it.it = it.owner = None
+
+
+class TorchData(_TorchStyle):
     name = "torchdata"
 
     def __init__(self, cache: str, packed: bool, workers: int, prefetch: int):
@@ -218,16 +230,9 @@ class TorchData:
             dl.load_state_dict(state)
         return _Iter(dl)
 
-    @staticmethod
-    def state(it):
-        return it.owner.state_dict()
-
-    @staticmethod
-    def close(it):
-        it.it = it.owner = None
 
 
-class LitData:
+class LitData(_TorchStyle):
     name = "litdata"
 
     def __init__(self, optimized: str, packed: bool, workers: int, prefetch: int):
@@ -244,13 +249,6 @@ class LitData:
             dl.load_state_dict(state)
         return _Iter(dl)
 
-    @staticmethod
-    def state(it):
-        return it.owner.state_dict()
-
-    @staticmethod
-    def close(it):
-        it.it = it.owner = None
 
 
 # --- measurements ---------------------------------------------------------------------------------
