@@ -2,14 +2,8 @@
 
 The caller builds a result itself whenever none is ready and the thread is idle, so prefetching
 never costs more than inline building (see ``Producer`` and docs/performance.md). ``Producer`` is
-also what the torch and JAX adapters use for their own background collation.
-
-Example:
-    >>> it = iter(range(3))
-    >>> p = Producer(lambda: next(it), depth=2)
-    >>> [p.next() for _ in range(3)]
-    [0, 1, 2]
-    >>> p.close()
+also what the torch and JAX adapters use for their own background collation; its docstring
+has the example.
 """
 
 from __future__ import annotations
