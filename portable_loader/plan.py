@@ -104,6 +104,7 @@ class Planner:
         self._windows: dict[int, tuple[list[list[Piece]], int, int] | None] = {}
         self._chunk: tuple[int, np.ndarray] | None = None
         self._chunk_lengths: tuple[int, np.ndarray] | None = None
+        self._span_lengths: tuple[tuple[int, int], np.ndarray] | None = None
         self._last_chunk: int | None = None
         # step -> {policy: records it touched}; ordered so that trimming is one atomic popitem while
         # a consumer thread pops its steps.
@@ -147,7 +148,9 @@ class Planner:
         chunk = lo // _CHUNK
         whole = self._chunk is not None and self._chunk[0] == chunk and hi <= (chunk + 1) * _CHUNK
         if not (self.cheap_lengths and whole):
-            return self._lengths(recs)
+            if self._span_lengths is None or self._span_lengths[0] != (lo, hi):  # describe asks again for a step's
+                self._span_lengths = ((lo, hi), self._lengths(recs))
+            return self._span_lengths[1]
         if self._chunk_lengths is None or self._chunk_lengths[0] != chunk:
             self._chunk_lengths = (chunk, self._lengths(self._chunk[1]))
         first = chunk * _CHUNK
