@@ -78,41 +78,45 @@ class _EpochPermutation:
     same values (``tests/test_sampler.py`` checks it).
     """
 
-    __slots__ = ("n", "bits", "keys", "_small", "_np")
+    __slots__ = ("n", "bits", "keys", "_draws", "_np")
 
     def __init__(self, n: int, seed: int, epoch: int):
         self.n = n
         self.bits = bits = max(0, (n - 1).bit_length())
         x = _splitmix64(seed ^ _splitmix64(epoch ^ 0x5EED_0F_E90C))
         draws = []
+        m64 = _MASK64
         for _ in range(2 + 2 * _ROUNDS):  # _splitmix64 chained, inlined: this runs once per epoch and per describe
-            x = (x + 0x9E3779B97F4A7C15) & _MASK64
-            x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
-            x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _MASK64
+            x = (x + 0x9E3779B97F4A7C15) & m64
+            x ^= x >> 30
+            x = (x * 0xBF58476D1CE4E5B9) & m64
+            x ^= x >> 27
+            x = (x * 0x94D049BB133111EB) & m64
             x ^= x >> 31
             draws.append(x)
         mask = (1 << bits) - 1
         # (mask, whitening key, pre-multiplier, [(a, c) per round], shift). Any odd pre-multiplier:
         # with only a % 4 == 1 below, 2-bit domains (N <= 4) reach few orders. a % 4 == 1 and c odd:
-        # the conditions (Hull-Dobell) for a full-period LCG modulo 2**k.
-        rounds = [((draws[i] & ~3) | 1, draws[i + 1] | 1) for i in range(2, 2 + 2 * _ROUNDS, 2)]
-        self.keys = (mask, draws[0] & mask, draws[1] | 1, rounds, max(1, (bits + 1) // 2))
-        # For Python integers, the same keys mod 2**bits: only the result mod 2**bits matters, and
-        # small factors keep the products in one or two machine words.
-        self._small = ((draws[1] | 1) & mask, [(a & mask, c & mask) for a, c in rounds])
+        # the conditions (Hull-Dobell) for a full-period LCG modulo 2**k. Python integers take them
+        # mod 2**bits (only the result mod 2**bits matters, and small factors keep the products in
+        # a machine word or two); numpy takes the 64-bit values (built when first needed).
+        self.keys = (mask, draws[0] & mask, (draws[1] | 1) & mask,
+                     [(((draws[i] & ~3) | 1) & mask, (draws[i + 1] | 1) & mask) for i in range(2, 2 + 2 * _ROUNDS, 2)],
+                     max(1, (bits + 1) // 2))
+        self._draws = draws
         self._np = None
 
     def _numpy_keys(self) -> tuple:
         if self._np is None:
-            mask, white, premult, rounds, shift = self.keys
-            self._np = (np.uint64(mask), np.uint64(white), np.uint64(premult),
-                        [(np.uint64(a), np.uint64(c)) for a, c in rounds], np.uint64(shift))
+            mask, white, _, _, shift = self.keys
+            d = self._draws
+            rounds = [(np.uint64((d[i] & ~3) | 1), np.uint64(d[i + 1] | 1)) for i in range(2, 2 + 2 * _ROUNDS, 2)]
+            self._np = (np.uint64(mask), np.uint64(white), np.uint64(d[1] | 1), rounds, np.uint64(shift))
         return self._np
 
     def one(self, x: int) -> int:
         """The image of one position ``x`` in ``[0, n)``, in Python integers."""
-        mask, white, _, _, shift = self.keys
-        premult, rounds = self._small
+        mask, white, premult, rounds, shift = self.keys
         n = self.n
         while True:
             # Reducing mod 2**bits only at the end of each round is the same as numpy's wrapping

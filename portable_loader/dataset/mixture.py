@@ -105,6 +105,7 @@ class Mix(Dataset):
         self.stages = self._stages(weights)
         self.cheap_lengths = all(c.cheap_lengths for c in children)
         self.filters = tuple(f"{n}: {f}" for n, c in zip(names, children) for f in c.filters)
+        self._flat = not any(hasattr(c, "locate") for c in children)  # no nested mix: locate needs no recursion
         self.fork_hazard = next((c.fork_hazard for c in children if c.fork_hazard), None)
 
     # --- the schedule ---------------------------------------------------------------------------
@@ -293,6 +294,14 @@ class Mix(Dataset):
 
     def locate(self, indices) -> list[tuple[str, int]]:
         """(source path, record) of each mixture index; nested mixes name the path, e.g. ``"web/en"``."""
+        if self._flat and not isinstance(indices, np.ndarray) and len(indices) <= _FEW:  # a step of describe
+            offsets, names, total, out = self._offset_list, self.names, self._offset_list[-1], []
+            for x in indices:
+                if not 0 <= x < total:
+                    raise IndexError(f"mixture index {x} is out of range [0, {total})")
+                i = bisect.bisect_right(offsets, x) - 1
+                out.append((names[i], int(x - offsets[i])))
+            return out
         n, groups = self._groups(indices)
         out: list = [None] * n
         for i, where, rec in groups:
