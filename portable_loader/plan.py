@@ -51,11 +51,18 @@ from portable_loader.sampler import LCGSampler, _splitmix64
 __all__ = ["Cursor", "MAX_REJECTED", "Planner"]
 
 _CHUNK = 4096
+_KEPT_CHUNKS = 8  # 32 KiB of record indices each (and as much of lengths)
 _ROW_ORDER_SALT = 0x0DE5_0F_1005  # keeps the row-order key apart from the sampler's epoch keys
 _KEPT_COUNTS = 1024  # per-step counts nobody takes (e.g. a bare Planner) stop growing here
 #: Consecutive rejected records after which a filter is taken to reject everything.
 MAX_REJECTED = 1_000_000
 _FIRST_SPAN = 16  # positions a filtered padded step tests first; doubled while too few survive
+
+
+def _keep(cache: dict, key: int, value) -> None:
+    if len(cache) >= _KEPT_CHUNKS:
+        cache.pop(next(iter(cache)))
+    cache[key] = value
 
 
 class Cursor(NamedTuple):
@@ -102,8 +109,10 @@ class Planner:
         self.max_rejected = min(MAX_REJECTED, 2 * num_records)  # 2N consecutive positions hold a whole epoch
         self._mask: tuple[int, np.ndarray] | None = None  # (first position, accepted?) last tested
         self._windows: dict[int, tuple[list[list[Piece]], int, int] | None] = {}
-        self._chunk: tuple[int, np.ndarray] | None = None
-        self._chunk_lengths: tuple[int, np.ndarray] | None = None
+        # The last chunks of positions looked up (and their lengths): describe near one step, or a
+        # trainer going back a few steps, finds them again.
+        self._chunks: dict[int, np.ndarray] = {}
+        self._chunk_lengths: dict[int, np.ndarray] = {}
         self._span_lengths: tuple[tuple[int, int], np.ndarray] | None = None
         self._last_chunk: int | None = None
         # step -> {policy: records it touched}; ordered so that trimming is one atomic popitem while
@@ -119,22 +128,24 @@ class Planner:
         next step in the same chunk then fills the chunk.
         """
         chunk = lo // _CHUNK
-        cached = self._chunk is not None and self._chunk[0] == chunk and hi <= (chunk + 1) * _CHUNK
+        got = self._chunks.get(chunk)
         jump = self._last_chunk is None or not 0 <= chunk - self._last_chunk <= 1
         self._last_chunk = chunk
-        if cached:
-            return self._chunk[1][lo - chunk * _CHUNK : hi - chunk * _CHUNK]
+        if got is not None and hi <= (chunk + 1) * _CHUNK:
+            return got[lo - chunk * _CHUNK : hi - chunk * _CHUNK]
         if jump and hi - lo <= _CHUNK // 8:
             return self.sampler.stream_indices(np.arange(lo, hi, dtype=np.int64))
         parts = []
         while lo < hi:
             chunk = lo // _CHUNK
-            if self._chunk is None or self._chunk[0] != chunk:
+            got = self._chunks.get(chunk)
+            if got is None:
                 first = chunk * _CHUNK
                 last = first + _CHUNK if self.total is None else min(first + _CHUNK, self.total)
-                self._chunk = (chunk, self.sampler.stream_indices(np.arange(first, last, dtype=np.int64)))
+                got = self.sampler.stream_indices(np.arange(first, last, dtype=np.int64))
+                _keep(self._chunks, chunk, got)
             end = min(hi, (chunk + 1) * _CHUNK)
-            parts.append(self._chunk[1][lo - chunk * _CHUNK : end - chunk * _CHUNK])
+            parts.append(got[lo - chunk * _CHUNK : end - chunk * _CHUNK])
             lo = end
         return parts[0] if len(parts) == 1 else np.concatenate(parts)
 
@@ -146,15 +157,17 @@ class Planner:
         reaches each of its sources.
         """
         chunk = lo // _CHUNK
-        whole = self._chunk is not None and self._chunk[0] == chunk and hi <= (chunk + 1) * _CHUNK
-        if not (self.cheap_lengths and whole):
+        got = self._chunks.get(chunk)
+        if not (self.cheap_lengths and got is not None and hi <= (chunk + 1) * _CHUNK):
             if self._span_lengths is None or self._span_lengths[0] != (lo, hi):  # describe asks again for a step's
                 self._span_lengths = ((lo, hi), self._lengths(recs))
             return self._span_lengths[1]
-        if self._chunk_lengths is None or self._chunk_lengths[0] != chunk:
-            self._chunk_lengths = (chunk, self._lengths(self._chunk[1]))
+        lengths = self._chunk_lengths.get(chunk)
+        if lengths is None:
+            lengths = self._lengths(got)
+            _keep(self._chunk_lengths, chunk, lengths)
         first = chunk * _CHUNK
-        return self._chunk_lengths[1][lo - first : hi - first]
+        return lengths[lo - first : hi - first]
 
     @property
     def num_windows(self) -> int | None:
