@@ -22,6 +22,7 @@ Example:
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from typing import Any, Callable, Iterator, Sequence
 
@@ -36,7 +37,7 @@ from portable_loader.lifecycle import Closing, close_at_exit
 from portable_loader.plan import Cursor, Planner
 from portable_loader.state import STATE_VERSION, check_state, make_state
 
-__all__ = ["Closing", "DataLoader", "LoaderIterator", "InlineEngine", "STATE_VERSION", "build_batch"]
+__all__ = ["Closing", "DataLoader", "LoaderIterator", "LoaderOptions", "InlineEngine", "STATE_VERSION", "build_batch"]
 
 _MARK_EVERY = 256  # describe() keeps the cursor of every 256th packed step
 
@@ -63,6 +64,41 @@ def _overlong_policy(overlong: str, source, packing: bool) -> str:
     if overlong == "split" and not packing:
         raise ValueError("overlong='split' needs packing=True: a padded row holds one record")
     return overlong
+
+
+@dataclasses.dataclass(frozen=True)
+class LoaderOptions:
+    """A ``DataLoader``'s constructor options, all but the source, as one frozen value.
+
+    ``loader.options`` holds them as given (``global_batch_size`` as an int or a ``BatchSchedule``,
+    ``fields`` as a tuple); ``with_shard`` is ``dataclasses.replace`` of two of them. They are not the
+    loader state's ``config``, which names the stream only (see :mod:`portable_loader.state`).
+
+    Example:
+        >>> import dataclasses
+        >>> opts = LoaderOptions(global_batch_size=8, seq_len=128, packing=True)
+        >>> dataclasses.replace(opts, shard_index=1, shard_count=2).kwargs()["shard_count"]
+        2
+    """
+
+    global_batch_size: int | BatchSchedule
+    seq_len: int
+    seed: int = 0
+    packing: bool = False
+    shuffle: bool = True
+    num_epochs: int | None = None
+    num_workers: int = 0
+    prefetch: int = 2
+    shard_index: int | None = None
+    shard_count: int | None = None
+    packing_window: int = 1024
+    pad_id: int = 0
+    overlong: str = "auto"
+    fields: tuple[str, ...] | None = None
+
+    def kwargs(self) -> dict[str, Any]:
+        """The options as ``DataLoader`` keyword arguments."""
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
 
 
 class DataLoader:
@@ -115,6 +151,7 @@ class DataLoader:
                 raise ValueError(f"{name} must be an integer >= {low}, got {value!r}")
         # Adapters fill unset shards from torch.distributed or JAX; the bare loader is one host.
         self.shard_given = shard_index is not None or shard_count is not None
+        shard_index_given, shard_count_given = shard_index, shard_count
         shard_count = 1 if shard_count is None else shard_count
         shard_index = 0 if shard_index is None else shard_index
         if not 0 <= shard_index < shard_count:
@@ -155,6 +192,12 @@ class DataLoader:
         self.fingerprint = json_sha256({k: v for k, v in self.config.items() if k != "global_batch_size"},
                                        compact=False)[:32]
         self._describer: list | None = None  # describe's own planner and packed cursors
+        self.options = LoaderOptions(  # as given, checked: what with_shard builds another loader from
+            self.global_batch_size, self.seq_len, self.seed, self.packing, self.shuffle, num_epochs, self.num_workers,
+            self.prefetch, None if shard_index_given is None else self.shard_index,
+            None if shard_count_given is None else self.shard_count, self.packing_window, self.pad_id, overlong,
+            None if fields is None else tuple(self.fields),
+        )
 
     def with_shard(self, shard_index: int, shard_count: int) -> "DataLoader":
         """The same loader for host ``shard_index`` of ``shard_count`` (same stream, other rows).
@@ -162,12 +205,8 @@ class DataLoader:
         Example:
             >>> host1 = loader.with_shard(1, 4)   # doctest: +SKIP
         """
-        return DataLoader(
-            self.source, global_batch_size=self.global_batch_size, seq_len=self.seq_len, seed=self.seed,
-            packing=self.packing, shuffle=self.shuffle, num_epochs=self.num_epochs, num_workers=self.num_workers,
-            prefetch=self.prefetch, shard_index=shard_index, shard_count=shard_count,
-            packing_window=self.packing_window, pad_id=self.pad_id, overlong=self.overlong, fields=self.fields,
-        )
+        options = dataclasses.replace(self.options, shard_index=shard_index, shard_count=shard_count)
+        return DataLoader(self.source, **options.kwargs())
 
     @property
     def local_batch_size(self) -> int:
