@@ -277,3 +277,14 @@ def test_rejected_index_reads_as_none_and_filters_compose():
     twice = pl.source(recs(6, 1)).filter(keep(2, {0}), name="even").filter(keep(3, {0}), name="three")
     assert twice.accepts(range(6)).tolist() == [t % 6 == 0 for t in range(1000, 1006)]
     assert twice.filters == ("filter even", "filter three")
+
+
+def test_grain_filter_holes_are_skipped_like_our_filter():
+    grain = pytest.importorskip("grain")
+    records = recs(30, 1)
+    tree = grain.MapDataset.source(records).filter(lambda r: int(r["input_ids"][0]) % 3 != 0).map(lambda r: r)
+    ours = pl.source(records).filter(lambda r: int(r["input_ids"][0]) % 3 != 0)
+    assert pl.source(tree).filters == ("filter grain holes",)
+    kw = dict(global_batch_size=4, seq_len=16, seed=2, num_epochs=1, prefetch=0)
+    got, want = steps(pl.DataLoader(tree, **kw), 10)[0], steps(pl.DataLoader(ours, **kw), 10)[0]
+    assert same(got, want) and all(None not in first_tokens(b) for b in got[:-1])
