@@ -288,3 +288,23 @@ def test_grain_filter_holes_are_skipped_like_our_filter():
     kw = dict(global_batch_size=4, seq_len=16, seed=2, num_epochs=1, prefetch=0)
     got, want = steps(pl.DataLoader(tree, **kw), 10)[0], steps(pl.DataLoader(ours, **kw), 10)[0]
     assert same(got, want) and all(None not in first_tokens(b) for b in got[:-1])
+
+
+def test_a_non_empty_filter_fills_the_holes_tokenize_on_read_leaves(tmp_path):
+    from conftest import DATA, GPT2, need
+    from portable_loader.precache import build_cache
+
+    data, tokenizer = need(DATA / "text" / "llamafactory_c4_demo.jsonl"), need(GPT2)
+    options = dict(tokenizer=tokenizer, format="text", split="train[:100]", max_length=200)
+    path, summary = build_cache(data, out=tmp_path / "c", num_workers=0, **options)
+    dropped = summary["dropped"]["overlong"]
+    assert dropped > 0
+    ds = pl.tokenized(data, **options).filter(lambda r: len(r["input_ids"]) > 0, name="non-empty")
+    loader = pl.DataLoader(ds, global_batch_size=4, seq_len=256, num_epochs=1, prefetch=0)
+    batches, state, stats = steps(loader, 100)
+    assert all(b["attention_mask"][:, 0].all() for b in batches[:-1])  # no all-padding rows
+    cache = pl.open_cache(path)
+    served = sorted(tuple(row[m > 0][:8]) for b in batches for row, m in zip(b["input_ids"], b["attention_mask"]) if m[0])
+    assert served == sorted(tuple(np.asarray(r["input_ids"])[:8]) for r in cache[0 : len(cache)])
+    # Every position up to the last kept record was served or counted; drops after it are never reached.
+    assert state["samples"] == len(served) + stats["filtered"] and stats["filtered"] <= dropped
