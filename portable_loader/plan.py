@@ -56,6 +56,7 @@ _ROW_ORDER_SALT = 0x0DE5_0F_1005  # keeps the row-order key apart from the sampl
 _KEPT_COUNTS = 1024  # per-step counts nobody takes (e.g. a bare Planner) stop growing here
 #: Consecutive rejected records after which a filter is taken to reject everything.
 MAX_REJECTED = 1_000_000
+_FEW = 24  # positions a sampler maps in Python integers (sampler.few) when a step jumps
 _FIRST_SPAN = 16  # positions a filtered padded step tests first; doubled while too few survive
 
 
@@ -134,6 +135,9 @@ class Planner:
         if got is not None and hi <= (chunk + 1) * _CHUNK:
             return got[lo - chunk * _CHUNK : hi - chunk * _CHUNK]
         if jump and hi - lo <= _CHUNK // 8:
+            few = getattr(self.sampler, "few", None)  # a step's positions, in Python integers
+            if few is not None and hi - lo <= _FEW and (self.total is None or hi <= self.total):
+                return np.array(few(list(range(lo, hi))), dtype=np.int64)
             return self.sampler.stream_indices(np.arange(lo, hi, dtype=np.int64))
         parts = []
         while lo < hi:
