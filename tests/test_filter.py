@@ -308,3 +308,13 @@ def test_a_non_empty_filter_fills_the_holes_tokenize_on_read_leaves(tmp_path):
     assert served == sorted(tuple(np.asarray(r["input_ids"])[:8]) for r in cache[0 : len(cache)])
     # Every position up to the last kept record was served or counted; drops after it are never reached.
     assert state["samples"] == len(served) + stats["filtered"] and stats["filtered"] <= dropped
+
+
+def test_a_map_over_a_mixture_keeps_the_mixture_order_and_names():
+    m = pl.mix({"a": plain_source(), "b": pl.source(recs(25, 2))}, {"a": 1, "b": 3}, block=8)
+    mapped = m.map(lambda r: {"input_ids": r["input_ids"] + 0}, keeps_lengths=True)
+    kw = dict(global_batch_size=4, seq_len=16, seed=9, prefetch=0)
+    plain, over = pl.DataLoader(m, **kw), pl.DataLoader(mapped, **kw)
+    assert same(steps(over, 6)[0], steps(plain, 6)[0])
+    assert [over.describe(s) for s in range(6)] == [plain.describe(s) for s in range(6)]
+    assert "schedule" in steps(over, 1)[1]  # the state checks the mixture's schedule as for the mix itself
