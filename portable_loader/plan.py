@@ -18,8 +18,8 @@ The global record stream is position ``p -> (epoch p // N, sampler(epoch, p % N)
   no survivor at all, raise ``FilterError`` instead of scanning on forever.
 * Records longer than ``seq_len`` follow the ``overlong`` policy (``"split"`` only when packing,
   ``"truncate"`` or ``"drop"``); ``counts`` holds, per step planned, how many records each policy
-  touched (and ``"filtered"``: records skipped by filters), until the caller takes it. Without packing, lengths are read only where they are cheap
-  (``cheap_lengths``: the source has ``lengths()``) or the policy is ``"drop"``; otherwise a
+  touched (and ``"filtered"``: records skipped by filters), until the caller takes it. Without
+  packing, lengths are read only where they are cheap (``cheap_lengths``: the source has ``lengths()``) or the policy is ``"drop"``; otherwise a
   truncation is left to collation and not counted (None).
 
 The batch size of a step comes from a ``BatchSchedule`` (portable_loader.batch_size), a function of
@@ -276,8 +276,8 @@ class Planner:
             return FilterError(f"{what} rejected every record of this finite stream ({self.total} positions): "
                                "there is nothing to serve")
         proof = run >= 2 * self.n and isinstance(self.sampler, LCGSampler)  # a mixture's sources repeat unevenly
-        why = (f"any {2 * self.n} positions hold a whole epoch of the dataset's {self.n} records: it rejects every record"
-               if proof else "it rejects everything, or so nearly everything that batches cannot be filled")
+        why = (f"any {2 * self.n} positions hold a whole epoch of the dataset's {self.n} records: "
+               "it rejects every record" if proof else "it rejects everything, or so nearly everything that batches cannot be filled")
         return FilterError(f"{what} rejected {run} records in a row from stream position {at} ({why})")
 
     def resolve(self, cur: Cursor) -> Cursor:
@@ -346,8 +346,8 @@ class Planner:
 
         The fewest steps, at the schedule's sizes from step 0, that hold every record (padding) or
         every packed row. Padding: exact arithmetic (through a filter: planning every step, or
-        with ``estimate=True`` the share that passes of ``sample_windows`` spans). Packing: exact by packing every window
-        (O(records)), or with ``estimate=True`` from ``sample_windows`` evenly spaced full windows
+        with ``estimate=True`` the share that passes of ``sample_windows`` spans). Packing: exact
+        by packing every window (O(records)), or with ``estimate=True`` from ``sample_windows`` evenly spaced full windows
         scaled to all of them.
         """
         if self.total is None:

@@ -142,7 +142,8 @@ class _EpochPermutation:
 
     def __call__(self, positions: np.ndarray) -> np.ndarray:
         if positions.size <= _FEW:
-            return np.array([self.one(x) for x in positions.reshape(-1).tolist()], dtype=np.int64).reshape(positions.shape)
+            out = [self.one(x) for x in positions.reshape(-1).tolist()]
+            return np.array(out, dtype=np.int64).reshape(positions.shape)
         out = np.empty(positions.shape, dtype=np.uint64)
         flat_in = positions.reshape(-1)
         flat_out = out.reshape(-1)

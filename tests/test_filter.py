@@ -68,7 +68,8 @@ def build(shape, srcs, preds):
         return m.filter(lambda r: both(ident(r))), m, both
     if shape == "mix_of_filters":
         fa, fb = a.filter(lambda r: pa(ident(r))), b.filter(lambda r: pb(ident(r)))
-        return pl.mix({"a": fa, "b": fb}, {"a": 2, "b": 1}, block=6), pl.mix({"a": a, "b": b}, {"a": 2, "b": 1}, block=6), both
+        weights = {"a": 2, "b": 1}
+        return pl.mix({"a": fa, "b": fb}, weights, block=6), pl.mix({"a": a, "b": b}, weights, block=6), both
     raise AssertionError(shape)
 
 
@@ -91,7 +92,8 @@ def test_padded_stream_is_the_unfiltered_stream_without_rejected_records(shape, 
     n_steps = 12
     # The oracle: the unfiltered stream, one record per step, with rejected records removed.
     total = None if epochs is None else epochs * len(plain)
-    flat, _, _ = steps(pl.DataLoader(plain, global_batch_size=1, num_epochs=epochs, **KW), total or n_steps * batch * 20)
+    one_by_one = pl.DataLoader(plain, global_batch_size=1, num_epochs=epochs, **KW)
+    flat, _, _ = steps(one_by_one, total or n_steps * batch * 20)
     stream = [first_tokens(b)[0] for b in flat]
     accepted = [t for t in stream if test(t)]
     loader = pl.DataLoader(ds, global_batch_size=batch, num_epochs=epochs, **KW)
@@ -140,7 +142,8 @@ def test_packed_windows_pack_only_accepted_records(shape, n_a, n_b, mod, bits, b
     hollow = plain.map(lambda r: r if test(ident(r)) else {"input_ids": r["input_ids"][:0]})
     kw = dict(KW, global_batch_size=batch, packing=True, packing_window=window, num_epochs=2)
     want, _, _ = steps(pl.DataLoader(hollow, **kw), 15)
-    if not any(test(first_tokens(b)[0] or 0) for b in steps(pl.DataLoader(plain, **dict(kw, packing=False, global_batch_size=1)), 2 * len(plain))[0]):
+    stream = steps(pl.DataLoader(plain, **dict(kw, packing=False, global_batch_size=1)), 2 * len(plain))[0]
+    if not any(test(first_tokens(b)[0]) for b in stream):
         with pytest.raises(FilterError):
             steps(pl.DataLoader(ds, **kw), 1)
         return
@@ -304,7 +307,8 @@ def test_a_non_empty_filter_fills_the_holes_tokenize_on_read_leaves(tmp_path):
     batches, state, stats = steps(loader, 100)
     assert all(b["attention_mask"][:, 0].all() for b in batches[:-1])  # no all-padding rows
     cache = pl.open_cache(path)
-    served = sorted(tuple(row[m > 0][:8]) for b in batches for row, m in zip(b["input_ids"], b["attention_mask"]) if m[0])
+    served = sorted(tuple(row[m > 0][:8]) for b in batches
+                    for row, m in zip(b["input_ids"], b["attention_mask"]) if m[0])
     assert served == sorted(tuple(np.asarray(r["input_ids"])[:8]) for r in cache[0 : len(cache)])
     # Every position up to the last kept record was served or counted; drops after it are never reached.
     assert state["samples"] == len(served) + stats["filtered"] and stats["filtered"] <= dropped

@@ -17,7 +17,8 @@ def test_options_are_frozen_and_hold_what_was_given():
     opts = loader.options
     with pytest.raises(dataclasses.FrozenInstanceError):
         opts.seed = 1
-    assert (opts.seed, opts.packing, opts.num_epochs, opts.packing_window, opts.pad_id, opts.overlong) == (7, True, 2, 32, 3, "auto")
+    assert (opts.seed, opts.packing, opts.num_epochs, opts.packing_window, opts.pad_id, opts.overlong) == \
+        (7, True, 2, 32, 3, "auto")
     assert opts.global_batch_size == loader.batch_schedule and opts.fields == ("input_ids", "segment_ids")
     assert opts.shard_index is None and opts.shard_count is None  # unset: adapters fill them in
 

@@ -136,7 +136,7 @@ class Dataset:
         return Map(self, fn, name=name, keeps_lengths=keeps_lengths)
 
     def filter(self, pred: Callable[[Any], bool], *, name: str | None = None) -> "Dataset":
-        """A lazy view of the records for which ``pred`` is True; see :class:`portable_loader.dataset.transforms.Filter`.
+        """A lazy view of the records for which ``pred`` is True (:class:`~portable_loader.dataset.transforms.Filter`).
 
         The loader skips rejected records as it plans, so batches stay full and a state stays a
         stream position (docs/datasets.md).

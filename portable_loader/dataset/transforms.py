@@ -170,7 +170,9 @@ class Filter(_Transform):
     def _test(self, index: int, record) -> bool:
         ok = self.pred(record)
         if not isinstance(ok, (bool, np.bool_)):
-            raise TypeError(f"{self.label} returned {type(ok).__name__} for record {index}; a predicate must return a bool")
+            raise TypeError(
+                f"{self.label} returned {type(ok).__name__} for record {index}; a predicate must return a bool"
+            )
         return bool(ok)
 
     def accepts(self, indices) -> np.ndarray:
@@ -178,7 +180,8 @@ class Filter(_Transform):
 
         Example:
             >>> from portable_loader.dataset import source
-            >>> source([{"input_ids": [1]}, {"input_ids": []}]).filter(lambda r: len(r["input_ids"]) > 0).accepts([1, 0]).tolist()
+            >>> ds = source([{"input_ids": [1]}, {"input_ids": []}]).filter(lambda r: len(r["input_ids"]) > 0)
+            >>> ds.accepts([1, 0]).tolist()
             [False, True]
         """
         idx = np.asarray(indices, dtype=np.int64).reshape(-1)
