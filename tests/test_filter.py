@@ -322,3 +322,23 @@ def test_a_map_over_a_mixture_keeps_the_mixture_order_and_names():
     assert same(steps(over, 6)[0], steps(plain, 6)[0])
     assert [over.describe(s) for s in range(6)] == [plain.describe(s) for s in range(6)]
     assert "schedule" in steps(over, 1)[1]  # the state checks the mixture's schedule as for the mix itself
+
+
+def test_a_map_that_edits_records_in_place_sees_each_record_fresh():
+    class Fresh(pl.Dataset):  # like a cache: every read builds new records
+        def __len__(self):
+            return 12
+
+        def __getitems__(self, indices):
+            return [{"input_ids": np.arange(1, 2 + i % 5, dtype=np.int32)} for i in np.asarray(indices).tolist()]
+
+        def _identity(self):
+            return ("fresh",)
+
+    def bos(r):
+        r["input_ids"] = np.concatenate([[7], r["input_ids"]]).astype(np.int32)
+        return r
+
+    kw = dict(global_batch_size=2, seq_len=3, packing=True, num_epochs=1, prefetch=0, overlong="split")
+    filtered = Fresh().filter(lambda r: True, name="all").map(bos)
+    assert same(steps(pl.DataLoader(filtered, **kw), 40)[0], steps(pl.DataLoader(Fresh().map(bos), **kw), 40)[0])

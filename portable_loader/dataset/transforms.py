@@ -210,7 +210,8 @@ class Filter(_Transform):
     def __getitems__(self, indices) -> list:
         keys = [int(i) for i in (indices.tolist() if isinstance(indices, np.ndarray) else indices)]
         with self._lock:
-            out = [self._memo.get(i) for i in keys]
+            # A copy of each kept record: a map above that sets a key in place must not reach the memo.
+            out = [_copy(self._memo.get(i)) for i in keys]
         missing = [j for j, r in enumerate(out) if r is None]
         if missing:
             read = self.parent.__getitems__(np.asarray([keys[j] for j in missing], dtype=np.int64))
@@ -248,6 +249,10 @@ class Filter(_Transform):
 
     def __setstate__(self, state):
         self.__dict__.update(state, _lock=threading.Lock())
+
+
+def _copy(record):
+    return dict(record) if isinstance(record, dict) else record
 
 
 def _size(record) -> int:
