@@ -147,8 +147,10 @@ def test_packed_windows_pack_only_accepted_records(shape, n_a, n_b, mod, bits, b
         with pytest.raises(FilterError):
             steps(pl.DataLoader(ds, **kw), 1)
         return
-    got, state, stats = steps(pl.DataLoader(ds, **kw), 15)
+    loader, oracle = pl.DataLoader(ds, **kw), pl.DataLoader(hollow, **kw)
+    got, state, stats = steps(loader, 15)
     assert same(got, want)
+    assert [loader.describe(s) for s in range(len(got))] == [oracle.describe(s) for s in range(len(got))]
     ids = np.concatenate([b["input_ids"][b["attention_mask"] > 0] for b in got]) if got else np.zeros(0)
     assert all(test(int(t)) for t in np.unique(ids))
 
@@ -175,9 +177,11 @@ def test_hosts_split_one_filtered_stream():
     ds = plain_source().filter(keep(5, {1, 2, 4}))
     kw = dict(global_batch_size=6, seq_len=16, seed=1, prefetch=0)
     whole, _, _ = steps(pl.DataLoader(ds, **kw), 10)
-    hosts = [steps(pl.DataLoader(ds, **kw).with_shard(k, 3), 10)[0] for k in range(3)]
+    hosts = [steps(pl.DataLoader(ds, **kw).with_shard(k, 3), 10) for k in range(3)]
     for s in range(10):
-        assert np.array_equal(np.concatenate([h[s]["input_ids"] for h in hosts]), whole[s]["input_ids"])
+        assert np.array_equal(np.concatenate([h[0][s]["input_ids"] for h in hosts]), whole[s]["input_ids"])
+    _, state, _ = steps(pl.DataLoader(ds, **kw).with_shard(1, 3), 4)  # elastic: 3 hosts -> 1
+    assert same(steps(pl.DataLoader(ds, **kw), 6, state)[0], whole[4:])
 
 
 @pytest.mark.parametrize("packing", [False, True])
