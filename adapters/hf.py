@@ -81,6 +81,9 @@ def state_file(checkpoint_dir: str, rank: int | None = None) -> str:
     return os.path.join(checkpoint_dir, f"portable_loader-rank{_rank() if rank is None else rank}.json")
 
 
+PortableTrainer: type  # a transformers.Trainer subclass, built by __getattr__ on first use
+
+
 def __getattr__(name: str):
     # PortableTrainer subclasses transformers' Trainer: built on first use, so that importing this
     # module (for hf_fields, from the torch adapter) never imports transformers.
