@@ -1,4 +1,7 @@
-"""Hugging Face ``Trainer`` integration: resume mid-epoch in O(1), without skipping batches.
+"""Hugging Face: the fields a causal LM expects (``hf_fields``), and a ``Trainer`` that resumes in O(1).
+
+``hf_fields`` turns a loader batch into ``input_ids``, ``labels``, ``attention_mask`` and
+``position_ids`` (numpy only; ``TorchLoader(hf_labels=True)`` applies it).
 
 A stock ``Trainer`` resumes by replaying its data loader past the batches already seen
 (``skip_first_batches``), which costs O(steps) and assumes the loader's order is reproducible.
@@ -6,7 +9,8 @@ A stock ``Trainer`` resumes by replaying its data loader past the batches alread
 checkpoint folder (``portable_loader-rank<r>.json``, one small file per rank) on save, restored on
 ``train(resume_from_checkpoint=...)``, and the Trainer's own batch skipping is turned off
 (``ignore_data_skip``). The state saved is that of the batches the optimizer has consumed, also with
-gradient accumulation and with the async collator preparing the next batch.
+gradient accumulation and with the async collator preparing the next batch. ``transformers`` and
+``torch`` are imported when ``PortableTrainer`` is first used, so ``hf_fields`` needs neither.
 
 Example:
     >>> from portable_loader.adapters.hf import PortableTrainer
@@ -21,17 +25,54 @@ from __future__ import annotations
 import json
 import os
 
-import torch
-from transformers import Trainer, TrainerCallback
-from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, get_last_checkpoint
+import numpy as np
 
-from portable_loader.adapters.torch import TorchLoader
 from portable_loader.errors import StateError
 
-__all__ = ["PortableTrainer", "state_file"]
+__all__ = ["IGNORE_INDEX", "PortableTrainer", "hf_fields", "state_file"]
+
+IGNORE_INDEX = -100
+
+
+def hf_fields(batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """What Hugging Face causal LMs expect, from a loader batch (numpy in, numpy out).
+
+    ``labels``: ``input_ids`` where ``loss_mask``, else -100, and -100 at the first token of every
+    packed document so that no document is trained to follow the one before it; ``attention_mask``:
+    1 on real tokens; ``position_ids``: positions restarting per document (what flash-attention
+    models use to keep packed documents apart). A padded batch without ``segment_ids`` and
+    ``positions`` (the default) holds one document per row: its positions are 0, 1, ... on the
+    row's real tokens.
+
+    Example:
+        >>> b = {"input_ids": np.array([[5, 6, 7, 0]]), "loss_mask": np.array([[1, 1, 1, 0]]),
+        ...      "segment_ids": np.array([[1, 1, 2, 0]]), "positions": np.array([[0, 1, 0, 0]])}
+        >>> hf_fields(b)["labels"].tolist()
+        [[-100, 6, -100, -100]]
+        >>> hf_fields({"input_ids": np.array([[5, 6, 0]]), "loss_mask": np.array([[1, 1, 0]]),
+        ...            "attention_mask": np.array([[1, 1, 0]])})["position_ids"].tolist()
+        [[0, 1, 0]]
+    """
+    ids = batch["input_ids"].astype(np.int64)
+    real = batch["attention_mask"] > 0 if "attention_mask" in batch else batch["segment_ids"] > 0
+    if "positions" in batch:
+        positions = batch["positions"].astype(np.int64)
+    else:  # one document per row, its tokens a prefix of the row
+        positions = np.where(real, np.arange(ids.shape[-1], dtype=np.int64), 0)
+    first = real & (positions == 0)
+    mask = batch["loss_mask"] > 0 if "loss_mask" in batch else real
+    labels = np.where(mask & ~first, ids, IGNORE_INDEX)
+    return {
+        "input_ids": ids,
+        "labels": labels,
+        "attention_mask": real.astype(np.int64),
+        "position_ids": positions,
+    }
 
 
 def _rank() -> int:
+    import torch
+
     return torch.distributed.get_rank() if torch.distributed.is_available() and torch.distributed.is_initialized() else 0
 
 
@@ -40,53 +81,73 @@ def state_file(checkpoint_dir: str, rank: int | None = None) -> str:
     return os.path.join(checkpoint_dir, f"portable_loader-rank{_rank() if rank is None else rank}.json")
 
 
-class _SaveLoaderState(TrainerCallback):
-    def __init__(self, loader: TorchLoader):
-        self.loader = loader
-
-    def on_save(self, args, state, control, **kwargs):
-        folder = os.path.join(args.output_dir, f"{PREFIX_CHECKPOINT_DIR}-{state.global_step}")
-        if os.path.isdir(folder):
-            path = state_file(folder)
-            with open(path + ".tmp", "w") as f:
-                json.dump(self.loader.state_dict(), f)
-            os.replace(path + ".tmp", path)
-        return control
+PortableTrainer: type  # a transformers.Trainer subclass, built by __getattr__ on first use
 
 
-class PortableTrainer(Trainer):
-    """A ``Trainer`` fed by a ``TorchLoader`` (use ``hf_labels=True``), with O(1) exact resume.
+def __getattr__(name: str):
+    # PortableTrainer subclasses transformers' Trainer: built on first use, so that importing this
+    # module (for hf_fields, from the torch adapter) never imports transformers.
+    if name == "PortableTrainer":
+        cls = globals()["PortableTrainer"] = _portable_trainer()
+        return cls
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
-    The loader has no length, so set ``TrainingArguments.max_steps``. Everything else (logging,
-    evaluation, ``save_steps``, gradient accumulation) is the stock Trainer's.
-    """
 
-    def __init__(self, *args, train_loader: TorchLoader, **kwargs):
-        if not isinstance(train_loader, TorchLoader):
-            raise TypeError(f"train_loader must be a TorchLoader, got {type(train_loader).__name__}")
-        super().__init__(*args, **kwargs)
-        if self.args.max_steps <= 0:
-            raise ValueError("PortableTrainer needs TrainingArguments(max_steps=...): the loader has no length")
-        self.train_loader = train_loader
-        self.args.ignore_data_skip = True  # the loader resumes itself; never replay batches
-        self.add_callback(_SaveLoaderState(train_loader))
+def _portable_trainer() -> type:
+    from transformers import Trainer, TrainerCallback
+    from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, get_last_checkpoint
 
-    def get_train_dataloader(self):
-        return self.train_loader
+    from portable_loader.adapters.torch import TorchLoader
 
-    def train(self, resume_from_checkpoint: str | bool | None = None, **kwargs):
-        if resume_from_checkpoint is True:
-            resume_from_checkpoint = get_last_checkpoint(self.args.output_dir)
-            if resume_from_checkpoint is None:
-                raise ValueError(f"no checkpoint found in output_dir {self.args.output_dir!r} to resume from")
-        if resume_from_checkpoint:
-            path = state_file(resume_from_checkpoint)
-            if not os.path.isfile(path):
-                raise ValueError(f"{path}: no loader state in this checkpoint (was it written by PortableTrainer?)")
-            with open(path, "rb") as f:
-                try:
-                    saved = json.loads(f.read())
-                except ValueError as e:  # also UnicodeDecodeError
-                    raise StateError(None, f"{path}: is not JSON ({e}): refused") from None
-            self.train_loader.load_state_dict(saved)
-        return super().train(resume_from_checkpoint=resume_from_checkpoint or None, **kwargs)
+    class _SaveLoaderState(TrainerCallback):
+        def __init__(self, loader: TorchLoader):
+            self.loader = loader
+
+        def on_save(self, args, state, control, **kwargs):
+            folder = os.path.join(args.output_dir, f"{PREFIX_CHECKPOINT_DIR}-{state.global_step}")
+            if os.path.isdir(folder):
+                path = state_file(folder)
+                with open(path + ".tmp", "w") as f:
+                    json.dump(self.loader.state_dict(), f)
+                os.replace(path + ".tmp", path)
+            return control
+
+    class PortableTrainer(Trainer):
+        """A ``Trainer`` fed by a ``TorchLoader`` (use ``hf_labels=True``), with O(1) exact resume.
+
+        The loader has no length, so set ``TrainingArguments.max_steps``. Everything else (logging,
+        evaluation, ``save_steps``, gradient accumulation) is the stock Trainer's.
+        """
+
+        def __init__(self, *args, train_loader: TorchLoader, **kwargs):
+            if not isinstance(train_loader, TorchLoader):
+                raise TypeError(f"train_loader must be a TorchLoader, got {type(train_loader).__name__}")
+            super().__init__(*args, **kwargs)
+            if self.args.max_steps <= 0:
+                raise ValueError("PortableTrainer needs TrainingArguments(max_steps=...): the loader has no length")
+            self.train_loader = train_loader
+            self.args.ignore_data_skip = True  # the loader resumes itself; never replay batches
+            self.add_callback(_SaveLoaderState(train_loader))
+
+        def get_train_dataloader(self):
+            return self.train_loader
+
+        def train(self, resume_from_checkpoint: str | bool | None = None, **kwargs):
+            if resume_from_checkpoint is True:
+                resume_from_checkpoint = get_last_checkpoint(self.args.output_dir)
+                if resume_from_checkpoint is None:
+                    raise ValueError(f"no checkpoint found in output_dir {self.args.output_dir!r} to resume from")
+            if resume_from_checkpoint:
+                path = state_file(resume_from_checkpoint)
+                if not os.path.isfile(path):
+                    raise ValueError(f"{path}: no loader state in this checkpoint (was it written by PortableTrainer?)")
+                with open(path, "rb") as f:
+                    try:
+                        saved = json.loads(f.read())
+                    except ValueError as e:  # also UnicodeDecodeError
+                        raise StateError(None, f"{path}: is not JSON ({e}): refused") from None
+                self.train_loader.load_state_dict(saved)
+            return super().train(resume_from_checkpoint=resume_from_checkpoint or None, **kwargs)
+
+    PortableTrainer.__module__, PortableTrainer.__qualname__ = __name__, "PortableTrainer"
+    return PortableTrainer

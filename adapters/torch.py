@@ -29,6 +29,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from portable_loader.adapters.hf import hf_fields  # noqa: F401 - importable from here too, as before
 from portable_loader.errors import StateError
 from portable_loader.lifecycle import Closing, close_at_exit
 from portable_loader.loader import DataLoader
@@ -36,44 +37,7 @@ from portable_loader.engine import Producer
 
 __all__ = ["TorchLoader", "hf_fields"]
 
-IGNORE_INDEX = -100
 _LIGHTNING_ITERATORS = ("lightning.pytorch.utilities.combined_loader", "pytorch_lightning.utilities.combined_loader")
-
-
-def hf_fields(batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-    """What Hugging Face causal LMs expect, from a loader batch (numpy in, numpy out).
-
-    ``labels``: ``input_ids`` where ``loss_mask``, else -100, and -100 at the first token of every
-    packed document so that no document is trained to follow the one before it; ``attention_mask``:
-    1 on real tokens; ``position_ids``: positions restarting per document (what flash-attention
-    models use to keep packed documents apart). A padded batch without ``segment_ids`` and
-    ``positions`` (the default) holds one document per row: its positions are 0, 1, ... on the
-    row's real tokens.
-
-    Example:
-        >>> b = {"input_ids": np.array([[5, 6, 7, 0]]), "loss_mask": np.array([[1, 1, 1, 0]]),
-        ...      "segment_ids": np.array([[1, 1, 2, 0]]), "positions": np.array([[0, 1, 0, 0]])}
-        >>> hf_fields(b)["labels"].tolist()
-        [[-100, 6, -100, -100]]
-        >>> hf_fields({"input_ids": np.array([[5, 6, 0]]), "loss_mask": np.array([[1, 1, 0]]),
-        ...            "attention_mask": np.array([[1, 1, 0]])})["position_ids"].tolist()
-        [[0, 1, 0]]
-    """
-    ids = batch["input_ids"].astype(np.int64)
-    real = batch["attention_mask"] > 0 if "attention_mask" in batch else batch["segment_ids"] > 0
-    if "positions" in batch:
-        positions = batch["positions"].astype(np.int64)
-    else:  # one document per row, its tokens a prefix of the row
-        positions = np.where(real, np.arange(ids.shape[-1], dtype=np.int64), 0)
-    first = real & (positions == 0)
-    mask = batch["loss_mask"] > 0 if "loss_mask" in batch else real
-    labels = np.where(mask & ~first, ids, IGNORE_INDEX)
-    return {
-        "input_ids": ids,
-        "labels": labels,
-        "attention_mask": real.astype(np.int64),
-        "position_ids": positions,
-    }
 
 
 def _distributed_shard(loader: DataLoader) -> DataLoader:

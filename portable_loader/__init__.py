@@ -13,7 +13,8 @@ from portable_loader.cache import open_cache
 from portable_loader.dataset import Dataset, mix, source
 from portable_loader.dataset.tokenized import tokenized
 from portable_loader.loader import DataLoader
-from portable_loader.errors import BadRowError, CacheError, InputError, PortableLoaderError, StateError, TokenizerError
+from portable_loader.errors import (BadRowError, CacheError, FilterError, InputError, PortableLoaderError, StateError,
+                                   TokenizerError)
 from portable_loader.precache import cache_info, list_caches, precache, remove_cache
 from portable_loader.sampler import LCGSampler
 
@@ -23,6 +24,7 @@ __all__ = [
     "CacheError",
     "DataLoader",
     "Dataset",
+    "FilterError",
     "InputError",
     "LCGSampler",
     "PortableLoaderError",

@@ -42,6 +42,16 @@ class CacheError(PortableLoaderError):
     """A cache that is missing, incomplete, corrupted or of another format version: never served."""
 
 
+class FilterError(PortableLoaderError):
+    """A filter rejected so many records in a row that no batch can be filled (or the whole stream).
+
+    Example:
+        >>> raise FilterError("filter is_short rejected 20 records in a row from stream position 0")
+        Traceback (most recent call last):
+        portable_loader.errors.FilterError: filter is_short rejected 20 records in a row from stream position 0
+    """
+
+
 class StateError(PortableLoaderError):
     """A loader state that is malformed, edited, of another version or config, or past the stream's end.
 

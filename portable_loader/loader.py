@@ -22,6 +22,7 @@ Example:
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from typing import Any, Callable, Iterator, Sequence
 
@@ -36,7 +37,7 @@ from portable_loader.lifecycle import Closing, close_at_exit
 from portable_loader.plan import Cursor, Planner
 from portable_loader.state import STATE_VERSION, check_state, make_state
 
-__all__ = ["Closing", "DataLoader", "LoaderIterator", "InlineEngine", "STATE_VERSION", "build_batch"]
+__all__ = ["Closing", "DataLoader", "LoaderIterator", "LoaderOptions", "InlineEngine", "STATE_VERSION", "build_batch"]
 
 _MARK_EVERY = 256  # describe() keeps the cursor of every 256th packed step
 
@@ -63,6 +64,41 @@ def _overlong_policy(overlong: str, source, packing: bool) -> str:
     if overlong == "split" and not packing:
         raise ValueError("overlong='split' needs packing=True: a padded row holds one record")
     return overlong
+
+
+@dataclasses.dataclass(frozen=True)
+class LoaderOptions:
+    """A ``DataLoader``'s constructor options, all but the source, as one frozen value.
+
+    ``loader.options`` holds them as given (``global_batch_size`` as an int or a ``BatchSchedule``,
+    ``fields`` as a tuple); ``with_shard`` is ``dataclasses.replace`` of two of them. They are not the
+    loader state's ``config``, which names the stream only (see :mod:`portable_loader.state`).
+
+    Example:
+        >>> import dataclasses
+        >>> opts = LoaderOptions(global_batch_size=8, seq_len=128, packing=True)
+        >>> dataclasses.replace(opts, shard_index=1, shard_count=2).kwargs()["shard_count"]
+        2
+    """
+
+    global_batch_size: int | BatchSchedule
+    seq_len: int
+    seed: int = 0
+    packing: bool = False
+    shuffle: bool = True
+    num_epochs: int | None = None
+    num_workers: int = 0
+    prefetch: int = 2
+    shard_index: int | None = None
+    shard_count: int | None = None
+    packing_window: int = 1024
+    pad_id: int = 0
+    overlong: str = "auto"
+    fields: tuple[str, ...] | None = None
+
+    def kwargs(self) -> dict[str, Any]:
+        """The options as ``DataLoader`` keyword arguments."""
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
 
 
 class DataLoader:
@@ -115,6 +151,7 @@ class DataLoader:
                 raise ValueError(f"{name} must be an integer >= {low}, got {value!r}")
         # Adapters fill unset shards from torch.distributed or JAX; the bare loader is one host.
         self.shard_given = shard_index is not None or shard_count is not None
+        shard_index_given, shard_count_given = shard_index, shard_count
         shard_count = 1 if shard_count is None else shard_count
         shard_index = 0 if shard_index is None else shard_index
         if not 0 <= shard_index < shard_count:
@@ -155,6 +192,12 @@ class DataLoader:
         self.fingerprint = json_sha256({k: v for k, v in self.config.items() if k != "global_batch_size"},
                                        compact=False)[:32]
         self._describer: list | None = None  # describe's own planner and packed cursors
+        self.options = LoaderOptions(  # as given, checked: what with_shard builds another loader from
+            self.global_batch_size, self.seq_len, self.seed, self.packing, self.shuffle, num_epochs, self.num_workers,
+            self.prefetch, None if shard_index_given is None else self.shard_index,
+            None if shard_count_given is None else self.shard_count, self.packing_window, self.pad_id, overlong,
+            None if fields is None else tuple(self.fields),
+        )
 
     def with_shard(self, shard_index: int, shard_count: int) -> "DataLoader":
         """The same loader for host ``shard_index`` of ``shard_count`` (same stream, other rows).
@@ -162,12 +205,8 @@ class DataLoader:
         Example:
             >>> host1 = loader.with_shard(1, 4)   # doctest: +SKIP
         """
-        return DataLoader(
-            self.source, global_batch_size=self.global_batch_size, seq_len=self.seq_len, seed=self.seed,
-            packing=self.packing, shuffle=self.shuffle, num_epochs=self.num_epochs, num_workers=self.num_workers,
-            prefetch=self.prefetch, shard_index=shard_index, shard_count=shard_count,
-            packing_window=self.packing_window, pad_id=self.pad_id, overlong=self.overlong, fields=self.fields,
-        )
+        options = dataclasses.replace(self.options, shard_index=shard_index, shard_count=shard_count)
+        return DataLoader(self.source, **options.kwargs())
 
     @property
     def local_batch_size(self) -> int:
@@ -186,11 +225,14 @@ class DataLoader:
         """
         return self.batch_schedule.size_at(step)
 
-    def planner(self) -> Planner:
+    def planner(self, sampler=None) -> Planner:
+        """A fresh planner of this loader's stream (or of ``sampler``'s, another number of epochs)."""
+        filters = self.source.filters
         return Planner(
-            self.sampler, len(self.source), global_batch_size=self.global_batch_size, seq_len=self.seq_len,
-            packing=self.packing, window=self.packing_window, lengths=lambda idx: _lengths(self.source, idx),
-            overlong=self.overlong, cheap_lengths=self.source.cheap_lengths,
+            self.sampler if sampler is None else sampler, len(self.source), global_batch_size=self.global_batch_size,
+            seq_len=self.seq_len, packing=self.packing, window=self.packing_window,
+            lengths=lambda idx: _lengths(self.source, idx), overlong=self.overlong,
+            cheap_lengths=self.source.cheap_lengths, accept=self.source.accepts if filters else None, filters=filters,
         )
 
     def num_steps(self, num_epochs: int | None = None, *, estimate: bool = False) -> int:
@@ -199,7 +241,8 @@ class DataLoader:
         It is the number of batches a loader with that ``num_epochs`` yields (the last may be partly
         padding), for a Trainer's ``max_steps``; with a batch-size schedule, at the schedule's sizes. Padding: exact, O(1). Packing: exact by planning
         every window (reads every record's length: O(records)), or ``estimate=True`` from 32 evenly
-        spaced windows (see docs/loader.md for its error).
+        spaced windows (see docs/loader.md for its error). Through a filter, padding too plans every
+        step (tests every record), or estimates from 32 spans of 4,096 positions.
 
         Example:
             >>> loader = DataLoader([{"input_ids": np.arange(3)}] * 10, global_batch_size=4, seq_len=8)
@@ -209,12 +252,8 @@ class DataLoader:
         epochs = self.num_epochs if num_epochs is None else num_epochs
         if epochs is None:
             raise ValueError("num_steps needs num_epochs: this loader's stream is endless")
-        sampler = self.source.stream_order(self.seed, shuffle=self.shuffle, num_epochs=epochs)
-        planner = Planner(
-            sampler, len(self.source), global_batch_size=self.global_batch_size, seq_len=self.seq_len,
-            packing=self.packing, window=self.packing_window, lengths=lambda idx: _lengths(self.source, idx),
-            overlong=self.overlong,
-        )
+        planner = self.planner(self.source.stream_order(self.seed, shuffle=self.shuffle, num_epochs=epochs))
+        planner.cheap_lengths = False  # counting steps needs no over-long counts
         return planner.num_steps(estimate=estimate)
 
     def steps_per_epoch(self, *, estimate: bool = False) -> int:
@@ -238,9 +277,9 @@ class DataLoader:
         ``source`` is the mixture's source name (``"web/en"`` for a nested mix; None when the loader
         reads no mixture) and ``[start, end)`` the token offsets taken from that record. Computed
         from the plan and the sources' lengths, never from tokens. A step has that step's batch size,
-        the schedule followed from step 0. Padding: O(#stages) per step. Packing:
-        a step's rows depend on how all earlier windows packed, so steps are planned forward from
-        the nearest step already described (sequential calls cost one plan each).
+        the schedule followed from step 0. Padding: O(#stages) per step. Packing, or a filter:
+        a step's rows depend on how all earlier steps packed or skipped, so steps are planned forward
+        from the nearest step already described (sequential calls cost one plan each).
 
         Example:
             >>> loader = DataLoader(pl.mix({"a": a, "b": b}, {"a": 1, "b": 3}), global_batch_size=4, seq_len=8)  # doctest: +SKIP
@@ -254,7 +293,7 @@ class DataLoader:
             self._describer = [self.planner(), [Cursor(0, 0, 0)], Cursor(0, 0, 0)]
         planner, marks, last = self._describer  # marks: every 256th packed step; last: the last described
         cur = Cursor(step, 0, 0)
-        if self.packing:
+        if self.packing or planner.filters:
             cur = marks[min(step // _MARK_EVERY, len(marks) - 1)]
             if cur.step < last.step <= step:
                 cur = last
@@ -269,7 +308,11 @@ class DataLoader:
                 marks.append(cur)
         self._describer[2] = cur
         rows = planned[0]
-        if not self.packing:  # a padded row holds a record's first seq_len tokens
+        if not self.packing and planner.filters:  # the rows' records are not consecutive positions
+            recs = np.array([row[0][0] if row else 0 for row in rows], dtype=np.int64)  # 0: dropped, padding
+            lengths = _lengths(self.source, recs).tolist()
+            rows = [[(i, s, min(e, n)) for i, s, e in row] for row, n in zip(rows, lengths)]
+        elif not self.packing:  # a padded row holds a record's first seq_len tokens
             lo = planner.resolve(cur).samples
             hi = lo + len(rows)
             hi = hi if planner.total is None else min(hi, planner.total)
@@ -308,6 +351,7 @@ class LoaderIterator(Closing, Iterator[dict]):
         self._engine = None
         self._tokens = self._slots = 0
         self._overlong = dict.fromkeys(OVERLONG, 0)
+        self._filtered = 0
         close_at_exit(self)  # threads and workers stop before the frameworks' exit handlers run
 
     @property
@@ -315,7 +359,7 @@ class LoaderIterator(Closing, Iterator[dict]):
         """Of the batches returned so far: real tokens, slots, their ratio (packing efficiency), and
         how many records longer than ``seq_len`` were ``split``, ``truncated`` and ``dropped``
         (None: not counted, for a padded loader over a source without ``lengths()``, where counting
-        would read every record twice).
+        would read every record twice), and how many records filters skipped (``filtered``).
 
         Example:
             >>> it.stats["dropped"]   # doctest: +SKIP
@@ -328,6 +372,7 @@ class LoaderIterator(Closing, Iterator[dict]):
             "split": self._overlong["split"],
             "truncated": self._overlong["truncate"],
             "dropped": self._overlong["drop"],
+            "filtered": self._filtered,
         }
 
     # --- iteration ----------------------------------------------------------------------------
@@ -346,7 +391,9 @@ class LoaderIterator(Closing, Iterator[dict]):
             self.close()  # a later next() starts afresh from the last batch returned
             raise
         self._cursor = cursor
-        for policy, count in self._planner.counts.pop(cursor.step - 1, {}).items():
+        counts = self._planner.counts.pop(cursor.step - 1, {})
+        self._filtered += counts.pop("filtered", 0)
+        for policy, count in counts.items():
             if self._overlong[policy] is not None:
                 self._overlong[policy] = None if count is None else self._overlong[policy] + count
         real = batch["attention_mask"] if "attention_mask" in batch else batch["segment_ids"]

@@ -10,10 +10,16 @@ The global record stream is position ``p -> (epoch p // N, sampler(epoch, p % N)
   pseudo-random order, a pure function of (seed, window). The packer creates rows from the fullest
   to the emptiest; served in that order, the documents per row would rise and fall with a period of
   one window (a length curriculum nobody asked for). A step of ``B`` rows takes the next ``B`` rows.
+* Filters (``accept``: record indices -> bools): a rejected record is skipped where the plan meets it.
+  Padding: a step takes positions until it holds ``B`` accepted records, so ``samples`` (the
+  position) can grow by more than ``B``; packing: each window packs its accepted records only. Steps
+  then depend on earlier steps, as packed ones do. ``MAX_REJECTED`` consecutive rejections (or twice
+  the dataset's length, which contains a whole epoch, when that is fewer), or a finite stream with
+  no survivor at all, raise ``FilterError`` instead of scanning on forever.
 * Records longer than ``seq_len`` follow the ``overlong`` policy (``"split"`` only when packing,
   ``"truncate"`` or ``"drop"``); ``counts`` holds, per step planned, how many records each policy
-  touched, until the caller takes it. Without packing, lengths are read only where they are cheap
-  (``cheap_lengths``: the source has ``lengths()``) or the policy is ``"drop"``; otherwise a
+  touched (and ``"filtered"``: records skipped by filters), until the caller takes it. Without
+  packing, lengths are read only where they are cheap (``cheap_lengths``: the source has ``lengths()``) or the policy is ``"drop"``; otherwise a
   truncation is left to collation and not counted (None).
 
 The batch size of a step comes from a ``BatchSchedule`` (portable_loader.batch_size), a function of
@@ -39,13 +45,25 @@ import numpy as np
 
 from portable_loader.batch_size import BatchSchedule, as_schedule
 from portable_loader.collate import OVERLONG, Piece, pack
+from portable_loader.errors import FilterError
 from portable_loader.sampler import LCGSampler, _splitmix64
 
-__all__ = ["Cursor", "Planner"]
+__all__ = ["Cursor", "MAX_REJECTED", "Planner"]
 
 _CHUNK = 4096
+_KEPT_CHUNKS = 8  # 32 KiB of record indices each (and as much of lengths)
 _ROW_ORDER_SALT = 0x0DE5_0F_1005  # keeps the row-order key apart from the sampler's epoch keys
 _KEPT_COUNTS = 1024  # per-step counts nobody takes (e.g. a bare Planner) stop growing here
+#: Consecutive rejected records after which a filter is taken to reject everything.
+MAX_REJECTED = 1_000_000
+_FEW = 24  # positions a sampler maps in Python integers (sampler.few) when a step jumps
+_FIRST_SPAN = 16  # positions a filtered padded step tests first; doubled while too few survive
+
+
+def _keep(cache: dict, key: int, value) -> None:
+    if len(cache) >= _KEPT_CHUNKS:
+        cache.pop(next(iter(cache)))
+    cache[key] = value
 
 
 class Cursor(NamedTuple):
@@ -76,6 +94,8 @@ class Planner:
         lengths: Callable[[np.ndarray], np.ndarray] | None = None,
         overlong: str | None = None,
         cheap_lengths: bool = True,
+        accept: Callable[[np.ndarray], np.ndarray] | None = None,
+        filters: tuple[str, ...] = (),
     ):
         overlong = overlong or ("split" if packing else "truncate")
         if overlong not in OVERLONG or (overlong == "split" and not packing):
@@ -86,9 +106,15 @@ class Planner:
         self.total = None if sampler.num_epochs is None else sampler.num_epochs * num_records
         self.overlong, self.cheap_lengths = overlong, cheap_lengths
         self._lengths = lengths
-        self._windows: dict[int, tuple[list[list[Piece]], int] | None] = {}
-        self._chunk: tuple[int, np.ndarray] | None = None
-        self._chunk_lengths: tuple[int, np.ndarray] | None = None
+        self._accept, self.filters = accept, tuple(filters)
+        self.max_rejected = min(MAX_REJECTED, 2 * num_records)  # 2N consecutive positions hold a whole epoch
+        self._mask: tuple[int, np.ndarray] | None = None  # (first position, accepted?) last tested
+        self._windows: dict[int, tuple[list[list[Piece]], int, int] | None] = {}
+        # The last chunks of positions looked up (and their lengths): describe near one step, or a
+        # trainer going back a few steps, finds them again.
+        self._chunks: dict[int, np.ndarray] = {}
+        self._chunk_lengths: dict[int, np.ndarray] = {}
+        self._span_lengths: tuple[tuple[int, int], np.ndarray] | None = None
         self._last_chunk: int | None = None
         # step -> {policy: records it touched}; ordered so that trimming is one atomic popitem while
         # a consumer thread pops its steps.
@@ -103,22 +129,27 @@ class Planner:
         next step in the same chunk then fills the chunk.
         """
         chunk = lo // _CHUNK
-        cached = self._chunk is not None and self._chunk[0] == chunk and hi <= (chunk + 1) * _CHUNK
+        got = self._chunks.get(chunk)
         jump = self._last_chunk is None or not 0 <= chunk - self._last_chunk <= 1
         self._last_chunk = chunk
-        if cached:
-            return self._chunk[1][lo - chunk * _CHUNK : hi - chunk * _CHUNK]
+        if got is not None and hi <= (chunk + 1) * _CHUNK:
+            return got[lo - chunk * _CHUNK : hi - chunk * _CHUNK]
         if jump and hi - lo <= _CHUNK // 8:
+            few = getattr(self.sampler, "few", None)  # a step's positions, in Python integers
+            if few is not None and hi - lo <= _FEW and (self.total is None or hi <= self.total):
+                return np.array(few(list(range(lo, hi))), dtype=np.int64)
             return self.sampler.stream_indices(np.arange(lo, hi, dtype=np.int64))
         parts = []
         while lo < hi:
             chunk = lo // _CHUNK
-            if self._chunk is None or self._chunk[0] != chunk:
+            got = self._chunks.get(chunk)
+            if got is None:
                 first = chunk * _CHUNK
                 last = first + _CHUNK if self.total is None else min(first + _CHUNK, self.total)
-                self._chunk = (chunk, self.sampler.stream_indices(np.arange(first, last, dtype=np.int64)))
+                got = self.sampler.stream_indices(np.arange(first, last, dtype=np.int64))
+                _keep(self._chunks, chunk, got)
             end = min(hi, (chunk + 1) * _CHUNK)
-            parts.append(self._chunk[1][lo - chunk * _CHUNK : end - chunk * _CHUNK])
+            parts.append(got[lo - chunk * _CHUNK : end - chunk * _CHUNK])
             lo = end
         return parts[0] if len(parts) == 1 else np.concatenate(parts)
 
@@ -130,13 +161,17 @@ class Planner:
         reaches each of its sources.
         """
         chunk = lo // _CHUNK
-        whole = self._chunk is not None and self._chunk[0] == chunk and hi <= (chunk + 1) * _CHUNK
-        if not (self.cheap_lengths and whole):
-            return self._lengths(recs)
-        if self._chunk_lengths is None or self._chunk_lengths[0] != chunk:
-            self._chunk_lengths = (chunk, self._lengths(self._chunk[1]))
+        got = self._chunks.get(chunk)
+        if not (self.cheap_lengths and got is not None and hi <= (chunk + 1) * _CHUNK):
+            if self._span_lengths is None or self._span_lengths[0] != (lo, hi):  # describe asks again for a step's
+                self._span_lengths = ((lo, hi), self._lengths(recs))
+            return self._span_lengths[1]
+        lengths = self._chunk_lengths.get(chunk)
+        if lengths is None:
+            lengths = self._lengths(got)
+            _keep(self._chunk_lengths, chunk, lengths)
         first = chunk * _CHUNK
-        return self._chunk_lengths[1][lo - first : hi - first]
+        return lengths[lo - first : hi - first]
 
     @property
     def num_windows(self) -> int | None:
@@ -153,15 +188,25 @@ class Planner:
         planned = self._planned(w)
         return None if planned is None else planned[0]
 
-    def _planned(self, w: int) -> tuple[list[list[Piece]], int] | None:
+    def _pack_window(self, w: int) -> tuple[list[list[Piece]], int, int]:
+        """Window ``w`` packed (packer's order), its over-long records and its rejected ones."""
+        recs = self._window_records(w)
+        rejected = 0
+        if self._accept is not None:
+            ok = self._accept(recs)
+            rejected = int(recs.size - np.count_nonzero(ok))
+            recs = recs[ok]
+        lengths = self._lengths(recs) if recs.size else np.zeros(0, dtype=np.int64)
+        rows = pack(recs, lengths, self.seq_len, self.overlong)
+        return rows, int(np.count_nonzero(lengths > self.seq_len)), rejected
+
+    def _planned(self, w: int) -> tuple[list[list[Piece]], int, int] | None:
         if w not in self._windows:
             if self.num_windows is not None and w >= self.num_windows:
                 planned = None
             else:
-                recs = self._window_records(w)
-                lengths = self._lengths(recs)
-                rows = pack(recs, lengths, self.seq_len, self.overlong)
-                planned = (self.row_order(rows, w), int(np.count_nonzero(lengths > self.seq_len)))
+                rows, over, rejected = self._pack_window(w)
+                planned = (self.row_order(rows, w), over, rejected)
             if len(self._windows) >= 2:
                 self._windows.pop(min(self._windows))
             self._windows[w] = planned
@@ -179,10 +224,61 @@ class Planner:
         order = LCGSampler(len(rows), seed=key).record_indices(np.arange(len(rows), dtype=np.int64))
         return [rows[i] for i in order.tolist()]
 
-    def _count(self, step: int, touched: int | None) -> None:
+    def _count(self, step: int, touched: int | None, rejected: int = 0) -> None:
         if len(self.counts) >= _KEPT_COUNTS:
             self.counts.popitem(last=False)
-        self.counts[step] = {self.overlong: touched}
+        self.counts[step] = {self.overlong: touched, "filtered": rejected}
+
+    def _accepted(self, lo: int, hi: int, recs: np.ndarray) -> np.ndarray:
+        """Whether the records ``recs`` at positions ``[lo, hi)`` pass the filters.
+
+        The last span tested is kept: a step tests ahead of what it takes, and the next step starts
+        inside that span, so no record is tested twice.
+        """
+        m = self._mask
+        if m is not None and m[0] <= lo < m[0] + m[1].size:
+            have = m[1][lo - m[0] :]
+            if have.size >= hi - lo:
+                return have[: hi - lo]
+            mask = np.concatenate([have, self._accept(recs[have.size :])])
+        else:
+            mask = self._accept(recs)
+        self._mask = (lo, mask)
+        return mask
+
+    def _survivors(self, lo: int, need: int) -> tuple[np.ndarray, int, int]:
+        """(the first ``need`` accepted records from position ``lo``, the position after the last
+        one taken, the records rejected before it); fewer where a finite stream ends."""
+        taken, rejected, run, p, span = [], 0, 0, lo, max(need, _FIRST_SPAN)
+        while need:
+            hi = p + span if self.total is None else min(p + span, self.total)
+            if p >= hi:
+                break
+            recs = self.records(p, hi)
+            where = np.flatnonzero(self._accepted(p, hi, recs))
+            if where.size >= need:
+                end = int(where[need - 1]) + 1
+                taken.append(recs[where[:need]])
+                rejected += end - need
+                p, need = p + end, 0
+                break
+            taken.append(recs[where])
+            rejected += (hi - p) - where.size
+            run = run + hi - p if not where.size else hi - p - int(where[-1]) - 1
+            if run >= self.max_rejected:
+                raise self._reject_all(hi - run, run)
+            p, need, span = hi, need - where.size, min(span * 2, _CHUNK)
+        return (np.concatenate(taken) if taken else np.zeros(0, dtype=np.int64)), p, rejected
+
+    def _reject_all(self, at: int, run: int | None) -> FilterError:
+        what = " and ".join(self.filters) or "the filter"
+        if run is None:
+            return FilterError(f"{what} rejected every record of this finite stream ({self.total} positions): "
+                               "there is nothing to serve")
+        proof = run >= 2 * self.n and isinstance(self.sampler, LCGSampler)  # a mixture's sources repeat unevenly
+        why = (f"any {2 * self.n} positions hold a whole epoch of the dataset's {self.n} records: "
+               "it rejects every record" if proof else "it rejects everything, or so nearly everything that batches cannot be filled")
+        return FilterError(f"{what} rejected {run} records in a row from stream position {at} ({why})")
 
     def resolve(self, cur: Cursor) -> Cursor:
         """``cur`` with ``samples`` filled in (the schedule followed from step 0) where it is None."""
@@ -197,49 +293,67 @@ class Planner:
             lo = cur.samples
             if self.total is not None and lo >= self.total:
                 return None
-            hi = lo + batch if self.total is None else min(lo + batch, self.total)
-            recs = self.records(lo, hi)
+            rejected = 0
+            if self._accept is None:
+                hi = lo + batch if self.total is None else min(lo + batch, self.total)
+                recs = self.records(lo, hi)
+            else:
+                recs, hi, rejected = self._survivors(lo, batch)
+                if not recs.size:
+                    if lo == 0:
+                        raise self._reject_all(0, None)
+                    return None
             touched = None  # not counted: reading lengths here would fetch each record twice
             if self._lengths is not None and (self.overlong == "drop" or self.cheap_lengths):
-                over = self.lengths_at(lo, hi, recs) > self.seq_len
+                lengths = self.lengths_at(lo, hi, recs) if self._accept is None else self._lengths(recs)
+                over = lengths > self.seq_len
                 touched = int(np.count_nonzero(over))
                 if self.overlong == "drop":
                     recs = np.where(over, -1, recs)
             # End = seq_len: collate cuts each record to its own length. A dropped record leaves
             # its row empty, so positions and rows stay in step.
             rows = [[(idx, 0, self.seq_len)] if idx >= 0 else [] for idx in recs.tolist()]
-            self._count(cur.step, touched)
+            self._count(cur.step, touched, rejected)
             return rows + [[] for _ in range(batch - len(rows))], Cursor(cur.step + 1, 0, 0, hi)
         rows: list[list[Piece]] = []
         w, r = cur.window, cur.row
-        touched = 0
+        touched = rejected = empty = 0
         while len(rows) < batch:
             planned = self._planned(w)
             if planned is None:
                 break
-            window, over = planned
-            if r == 0:
-                touched += over  # a window's records count once, in the step that opens it
+            window, over, skipped = planned
+            if r == 0:  # a window's records count once, in the step that opens it
+                touched += over
+                rejected += skipped
+            empty = 0 if window else empty + 1
+            if self._accept is not None and empty * self.window >= self.max_rejected:
+                raise self._reject_all((w + 1 - empty) * self.window, empty * self.window)
             take = window[r : r + batch - len(rows)]
             rows += take
             r += len(take)
             if r >= len(window):
                 w, r = w + 1, 0
         if not rows:
+            if self._accept is not None and cur.window == cur.row == 0:
+                raise self._reject_all(0, None)
             return None
-        self._count(cur.step, touched)
+        self._count(cur.step, touched, rejected)
         return rows + [[] for _ in range(batch - len(rows))], Cursor(cur.step + 1, w, r, cur.samples + batch)
 
     def num_steps(self, estimate: bool = False, sample_windows: int = 32) -> int:
         """Global steps in this finite stream (the last one may be partly padding).
 
         The fewest steps, at the schedule's sizes from step 0, that hold every record (padding) or
-        every packed row. Padding: exact arithmetic. Packing: exact by packing every window
-        (O(records)), or with ``estimate=True`` from ``sample_windows`` evenly spaced full windows
+        every packed row. Padding: exact arithmetic (through a filter: planning every step, or
+        with ``estimate=True`` the share that passes of ``sample_windows`` spans). Packing: exact
+        by packing every window (O(records)), or with ``estimate=True`` from ``sample_windows`` evenly spaced full windows
         scaled to all of them.
         """
         if self.total is None:
             raise ValueError("an endless stream (num_epochs=None) has no number of steps")
+        if not self.packing and self._accept is not None:
+            return self._filtered_steps(estimate, sample_windows)
         if not self.packing:
             return self.sizes.steps_for(self.total)
         nwin = self.num_windows
@@ -253,5 +367,18 @@ class Planner:
         return self.sizes.steps_for(rows)
 
     def _rows_in(self, w: int) -> int:
-        recs = self._window_records(w)
-        return len(pack(recs, self._lengths(recs), self.seq_len, self.overlong))
+        return len(self._pack_window(w)[0])
+
+    def _filtered_steps(self, estimate: bool, samples: int) -> int:
+        """Padded steps through a filter: planned one by one (exact), or from the share of ``samples``
+        spans of ``_CHUNK`` positions that pass."""
+        spans = -(-self.total // _CHUNK)
+        if estimate and spans > samples + 1:
+            picks = np.linspace(0, spans - 2, samples).round().astype(np.int64).tolist()
+            passed = sum(int(np.count_nonzero(self._accept(self.records(k * _CHUNK, (k + 1) * _CHUNK)))) for k in picks)
+            return self.sizes.steps_for(round(passed / (samples * _CHUNK) * self.total))
+        cur, steps = Cursor(0, 0, 0, 0), 0
+        while (planned := self.step(cur)) is not None:
+            cur, steps = planned[1], steps + 1
+            self.counts.pop(steps - 1, None)
+        return steps

@@ -33,6 +33,8 @@ _MASK64 = (1 << 64) - 1
 _ROUNDS = 4
 # Work in blocks that stay in L2 cache: each round is a handful of in-place passes over the block.
 _BLOCK = 1 << 15
+_FEW = 24  # up to this many positions are mapped in Python integers (see _EpochPermutation)
+_KEPT_EPOCHS = 4  # permutations a sampler keeps: a step may straddle epochs, describe may go back and forth
 
 
 class PositionOutOfRange(IndexError, ValueError):
@@ -50,6 +52,14 @@ def _splitmix64(x: int) -> int:
     return x ^ (x >> 31)
 
 
+def _evict_oldest(cache: dict) -> None:
+    """Drop a small cache's oldest entry; a loader's prefetch thread and ``describe`` may share it."""
+    try:
+        cache.pop(next(iter(cache)), None)
+    except (StopIteration, RuntimeError):  # emptied or resized by the other thread meanwhile
+        pass
+
+
 def _check_int(name: str, value, minimum: int = 0, maximum: int | None = None) -> int:
     if isinstance(value, bool) or not isinstance(value, numbers.Integral):
         raise ValueError(f"{name} must be an integer, got {value!r} ({type(value).__name__})")
@@ -61,39 +71,79 @@ def _check_int(name: str, value, minimum: int = 0, maximum: int | None = None) -
 
 
 class _EpochPermutation:
-    """The bijection of ``[0, n)`` for one (seed, epoch); a few integers, no arrays."""
+    """The bijection of ``[0, n)`` for one (seed, epoch); a few integers, no arrays.
 
-    __slots__ = ("n", "mask", "white", "premult", "mults", "incs", "shift")
+    A few positions (what ``describe`` or a resume asks for) are mapped with Python integers: a
+    dozen numpy calls on a 3-element array cost ten times the arithmetic. The two paths give the
+    same values (``tests/test_sampler.py`` checks it).
+    """
+
+    __slots__ = ("n", "bits", "keys", "_draws", "_np")
 
     def __init__(self, n: int, seed: int, epoch: int):
         self.n = n
-        bits = max(0, (n - 1).bit_length())
-        self.mask = np.uint64((1 << bits) - 1)
-        state = _splitmix64(seed ^ _splitmix64(epoch ^ 0x5EED_0F_E90C))
+        self.bits = bits = max(0, (n - 1).bit_length())
+        x = _splitmix64(seed ^ _splitmix64(epoch ^ 0x5EED_0F_E90C))
         draws = []
-        for _ in range(2 + 2 * _ROUNDS):
-            state = _splitmix64(state)
-            draws.append(state)
-        self.white = np.uint64(draws[0] & ((1 << bits) - 1))
-        # Any odd multiplier: with only a % 4 == 1 below, 2-bit domains (N <= 4) reach few orders.
-        self.premult = np.uint64(draws[1] | 1)
-        # a % 4 == 1 and c odd: the conditions (Hull-Dobell) for a full-period LCG modulo 2**k.
-        self.mults = [np.uint64((d & ~3) | 1) for d in draws[2::2]]
-        self.incs = [np.uint64(d | 1) for d in draws[3::2]]
-        self.shift = np.uint64(max(1, (bits + 1) // 2))
+        m64 = _MASK64
+        for _ in range(2 + 2 * _ROUNDS):  # _splitmix64 chained, inlined: this runs once per epoch and per describe
+            x = (x + 0x9E3779B97F4A7C15) & m64
+            x ^= x >> 30
+            x = (x * 0xBF58476D1CE4E5B9) & m64
+            x ^= x >> 27
+            x = (x * 0x94D049BB133111EB) & m64
+            x ^= x >> 31
+            draws.append(x)
+        mask = (1 << bits) - 1
+        # (mask, whitening key, pre-multiplier, [(a, c) per round], shift). Any odd pre-multiplier:
+        # with only a % 4 == 1 below, 2-bit domains (N <= 4) reach few orders. a % 4 == 1 and c odd:
+        # the conditions (Hull-Dobell) for a full-period LCG modulo 2**k. Python integers take them
+        # mod 2**bits (only the result mod 2**bits matters, and small factors keep the products in
+        # a machine word or two); numpy takes the 64-bit values (built when first needed).
+        self.keys = (mask, draws[0] & mask, (draws[1] | 1) & mask,
+                     [(((draws[i] & ~3) | 1) & mask, (draws[i + 1] | 1) & mask) for i in range(2, 2 + 2 * _ROUNDS, 2)],
+                     max(1, (bits + 1) // 2))
+        self._draws = draws
+        self._np = None
+
+    def _numpy_keys(self) -> tuple:
+        if self._np is None:
+            mask, white, _, _, shift = self.keys
+            d = self._draws
+            rounds = [(np.uint64((d[i] & ~3) | 1), np.uint64(d[i + 1] | 1)) for i in range(2, 2 + 2 * _ROUNDS, 2)]
+            self._np = (np.uint64(mask), np.uint64(white), np.uint64(d[1] | 1), rounds, np.uint64(shift))
+        return self._np
+
+    def one(self, x: int) -> int:
+        """The image of one position ``x`` in ``[0, n)``, in Python integers."""
+        mask, white, premult, rounds, shift = self.keys
+        n = self.n
+        while True:
+            # Reducing mod 2**bits only at the end of each round is the same as numpy's wrapping
+            # mod 2**64 at every operation: 2**bits divides 2**64.
+            x = (x ^ white) * premult
+            for a, c in rounds:
+                x = (x * a + c) & mask
+                x ^= x >> shift
+            if x < n:
+                return x
 
     def _mix(self, x: np.ndarray, tmp: np.ndarray) -> None:
         """Apply the keyed bijection of [0, 2**bits) to ``x`` in place."""
-        np.bitwise_xor(x, self.white, out=x)
-        np.multiply(x, self.premult, out=x)
-        for a, c in zip(self.mults, self.incs):
+        mask, white, premult, rounds, shift = self._numpy_keys()
+        np.bitwise_xor(x, white, out=x)
+        np.multiply(x, premult, out=x)
+        for a, c in rounds:
             np.multiply(x, a, out=x)
             np.add(x, c, out=x)
-            np.bitwise_and(x, self.mask, out=x)
-            np.right_shift(x, self.shift, out=tmp)
+            np.bitwise_and(x, mask, out=x)
+            np.right_shift(x, shift, out=tmp)
             np.bitwise_xor(x, tmp, out=x)
 
     def __call__(self, positions: np.ndarray) -> np.ndarray:
+        if positions.size <= _FEW:
+            out = [self.one(x) for x in positions.reshape(-1).tolist()]
+            return np.array(out, dtype=np.int64).reshape(positions.shape)
         out = np.empty(positions.shape, dtype=np.uint64)
         flat_in = positions.reshape(-1)
         flat_out = out.reshape(-1)
@@ -161,14 +211,16 @@ class LCGSampler:
         self.shard_index = _check_int("shard_index", shard_index, 0, self.shard_count - 1)
         # Positions of this shard in each epoch: k, k+K, ... below N.
         self.shard_epoch_length = -(-(self.num_records - self.shard_index) // self.shard_count)
-        self._perm_cache: tuple[int, _EpochPermutation] | None = None
+        self._perms: dict[int, _EpochPermutation] = {}
 
     def _permutation(self, epoch: int) -> _EpochPermutation:
-        cached = self._perm_cache
-        if cached is None or cached[0] != epoch:
-            cached = (epoch, _EpochPermutation(self.num_records, self.seed, epoch))
-            self._perm_cache = cached
-        return cached[1]
+        perm = self._perms.get(epoch)
+        if perm is None:
+            perm = _EpochPermutation(self.num_records, self.seed, epoch)
+            if len(self._perms) >= _KEPT_EPOCHS:
+                _evict_oldest(self._perms)
+            self._perms[epoch] = perm
+        return perm
 
     def record_indices(self, positions: Iterable[int] | np.ndarray, epoch: int = 0) -> np.ndarray:
         """Record index at each global position of ``epoch`` (vectorized; int64 out).
@@ -194,12 +246,29 @@ class LCGSampler:
             raise PositionOutOfRange(
                 f"index must be in [0, {len(self)}) for this sampler's stream, got {int(bad)}"
             )
+        if idx.size <= _FEW:  # a few positions: Python integers, no numpy calls per epoch
+            return np.array(self.few(idx.reshape(-1).tolist()), dtype=np.int64).reshape(idx.shape)
         epochs, within = np.divmod(idx, self.shard_epoch_length)
         global_pos = within * self.shard_count + self.shard_index
         out = np.empty_like(idx)
         for epoch in np.unique(epochs).tolist():
             sel = epochs == epoch
             out[sel] = self.record_indices(global_pos[sel], epoch=epoch)
+        return out
+
+    def few(self, positions: list[int]) -> list[int]:
+        """``stream_indices`` of a few positions already checked to be in range, as Python integers."""
+        per, k, count = self.shard_epoch_length, self.shard_index, self.shard_count
+        out, perm, last = [], None, -1
+        for i in positions:
+            epoch, within = divmod(i, per)
+            g = within * count + k
+            if not self.shuffle:
+                out.append(g)
+                continue
+            if epoch != last:  # a few positions seldom straddle epochs
+                perm, last = self._permutation(epoch), epoch
+            out.append(perm.one(g))
         return out
 
     def __len__(self) -> int:

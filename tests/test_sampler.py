@@ -305,3 +305,18 @@ def test_position_past_end_of_finite_stream():
         s.record_indices([1], epoch=2)
     with pytest.raises(ValueError, match="positions"):
         s.record_indices([1.5])
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.integers(1, 2**40), st.integers(0, 2**64 - 1), st.integers(0, 2**20))
+def test_few_positions_in_python_integers_equal_the_numpy_path(n, seed, epoch):
+    from portable_loader.sampler import _FEW, _EpochPermutation
+
+    perm = _EpochPermutation(n, seed, epoch)
+    pos = np.unique(np.random.default_rng(seed % 1000).integers(0, n, 4 * _FEW, dtype=np.int64))
+    vectorized = perm(pos.view(np.uint64))  # more than _FEW: numpy
+    assert [perm.one(x) for x in pos.tolist()] == vectorized.tolist()
+    assert perm(pos[:3].view(np.uint64)).tolist() == vectorized[:3].tolist()
+    s = LCGSampler(n, seed=seed % 2**32, shard_index=1 % max(1, min(n, 3)), shard_count=max(1, min(n, 3)))
+    stream = np.random.default_rng(epoch).integers(0, min(len(s), 10**15), 3 * _FEW)
+    assert s.stream_indices(stream[:5]).tolist() == s.stream_indices(stream)[:5].tolist()

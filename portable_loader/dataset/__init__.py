@@ -1,7 +1,7 @@
 """Stateless random-access datasets: the one thing the loader consumes.
 
 ``source(obj)`` wraps a cache, a Grain ``MapDataset``, a ``datasets.Dataset`` or a sequence of
-records; ``.map(fn)`` transforms records lazily; ``mix({name: ds}, weights)`` mixes datasets by exact weights;
+records; ``.map(fn)`` and ``.filter(pred)`` transform records lazily; ``mix({name: ds}, weights)`` mixes datasets by exact weights;
 ``fingerprint()`` names the whole tree.
 
 Example:
@@ -15,7 +15,7 @@ Example:
 from portable_loader.dataset.base import Dataset
 from portable_loader.dataset.mixture import Mix, mix
 from portable_loader.dataset.sources import source
-from portable_loader.dataset.transforms import Map
+from portable_loader.dataset.transforms import Filter, Map
 from portable_loader.dataset.tokenized import Tokenized, tokenized  # noqa: F401
 
-__all__ = ["Dataset", "Map", "Mix", "Tokenized", "mix", "source", "tokenized"]
+__all__ = ["Dataset", "Filter", "Map", "Mix", "Tokenized", "mix", "source", "tokenized"]

@@ -61,6 +61,8 @@ class Dataset:
     cheap_lengths: bool = False
     #: Why worker processes forked from this one must not read this dataset, or None when they may.
     fork_hazard: str | None = None
+    #: The filters in this tree (their labels); when there are any the loader asks ``accepts``.
+    filters: tuple[str, ...] = ()
 
     @property
     def format(self) -> str | None:
@@ -83,6 +85,10 @@ class Dataset:
     def lengths(self, indices: Sequence[int] | np.ndarray) -> np.ndarray:
         """Token counts (``len(record["input_ids"])``) of the records at ``indices``, as int64."""
         return np.asarray([len(r["input_ids"]) for r in self.__getitems__(indices)], dtype=np.int64)
+
+    def accepts(self, indices: Sequence[int] | np.ndarray) -> np.ndarray:
+        """Whether each record at ``indices`` survives the filters in this tree (all True without any)."""
+        return np.ones(np.asarray(indices).size, dtype=bool)
 
     def fingerprint(self) -> str:
         """A 16-hex-digit digest of the whole tree: equal for equal pipelines over equal content."""
@@ -128,6 +134,22 @@ class Dataset:
         from portable_loader.dataset.transforms import Map
 
         return Map(self, fn, name=name, keeps_lengths=keeps_lengths)
+
+    def filter(self, pred: Callable[[Any], bool], *, name: str | None = None) -> "Dataset":
+        """A lazy view of the records for which ``pred`` is True (:class:`~portable_loader.dataset.transforms.Filter`).
+
+        The loader skips rejected records as it plans, so batches stay full and a state stays a
+        stream position (docs/datasets.md).
+
+        Example:
+            >>> from portable_loader.dataset import source
+            >>> ds = source([{"input_ids": np.arange(n)} for n in (3, 0, 2)]).filter(lambda r: r["input_ids"].size > 0)
+            >>> ds.accepts([0, 1, 2]).tolist()
+            [True, False, True]
+        """
+        from portable_loader.dataset.transforms import Filter
+
+        return Filter(self, pred, name=name)
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(records={len(self)}, fingerprint={self.fingerprint()})"
@@ -278,6 +300,8 @@ def _plain(value, depth: int = 0):
         return tuple(_plain(v, depth + 1) for v in value)
     if isinstance(value, dict):
         return {k: _plain(v, depth + 1) for k, v in value.items()}
+    if isinstance(value, (set, frozenset)):  # by content, in an order that does not depend on the hash seed
+        return ("set", tuple(sorted((_plain(v, depth + 1) for v in value), key=repr)))
     if isinstance(value, types.FunctionType) and value.__closure__:
         return (_qualified(value), _code(value.__code__))
     if callable(value):

@@ -104,6 +104,8 @@ class Mix(Dataset):
         self.mean_lengths = tuple(_mean_length(c, n) for n, c in zip(names, children)) if unit == "tokens" else None
         self.stages = self._stages(weights)
         self.cheap_lengths = all(c.cheap_lengths for c in children)
+        self.filters = tuple(f"{n}: {f}" for n, c in zip(names, children) for f in c.filters)
+        self._flat = not any(hasattr(c, "locate") for c in children)  # no nested mix: locate needs no recursion
         self.fork_hazard = next((c.fork_hazard for c in children if c.fork_hazard), None)
 
     # --- the schedule ---------------------------------------------------------------------------
@@ -282,14 +284,31 @@ class Mix(Dataset):
             out[where] = self.children[i].lengths(rec)
         return out
 
+    def accepts(self, indices) -> np.ndarray:
+        n, groups = self._groups(indices)
+        out = np.ones(n, dtype=bool)
+        for i, where, rec in groups:
+            if self.children[i].filters:
+                out[where] = self.children[i].accepts(rec)
+        return out
+
     def locate(self, indices) -> list[tuple[str, int]]:
         """(source path, record) of each mixture index; nested mixes name the path, e.g. ``"web/en"``."""
+        if self._flat and not isinstance(indices, np.ndarray) and len(indices) <= _FEW:  # a step of describe
+            offsets, names, total, out = self._offset_list, self.names, self._offset_list[-1], []
+            for x in indices:
+                if not 0 <= x < total:
+                    raise IndexError(f"mixture index {x} is out of range [0, {total})")
+                i = bisect.bisect_right(offsets, x) - 1
+                out.append((names[i], int(x - offsets[i])))
+            return out
         n, groups = self._groups(indices)
         out: list = [None] * n
         for i, where, rec in groups:
             child, name = self.children[i], self.names[i]
-            if isinstance(child, Mix):
-                found = [(f"{name}/{p}", r) for p, r in child.locate(rec)]
+            nested = getattr(child, "locate", None)  # a mix, or a transform over one
+            if nested is not None:
+                found = [(f"{name}/{p}", r) for p, r in nested(rec)]
             else:
                 found = [(name, int(r)) for r in rec]
             for w, f in zip(where, found):
@@ -315,7 +334,8 @@ class Mix(Dataset):
                    Fraction(0))
 
     def _identity(self) -> tuple:
-        kids = tuple((c.fingerprint(), c.schedule_digests() if isinstance(c, Mix) else None) for c in self.children)
+        kids = tuple((c.fingerprint(), c.schedule_digests() if hasattr(c, "schedule_digests") else None)
+                     for c in self.children)
         lengths = None if self.mean_lengths is None else tuple(str(m) for m in self.mean_lengths)
         return ("mix", self.names, kids, self.unit, lengths)
 

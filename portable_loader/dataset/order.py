@@ -19,18 +19,21 @@ Example:
 
 from __future__ import annotations
 
+import bisect
 import hashlib
 import sys
 from typing import NamedTuple, Sequence
 
 import numpy as np
 
-from portable_loader.sampler import PositionOutOfRange, _EpochPermutation, _splitmix64
+from portable_loader.sampler import PositionOutOfRange, _EpochPermutation, _evict_oldest, _splitmix64
 
 __all__ = ["MixOrder", "Stage", "hamilton", "name_key"]
 
 _BLOCK_SALT = 0xB10C_0F_5EED
 _CACHED_BLOCKS = 64
+_CACHED_ORDERS = 16  # block orders kept: a block of 256 serves 32 steps of 8
+_FEW = 24  # up to this many positions are looked up in Python integers (numpy calls cost more)
 
 
 def hamilton(nums: Sequence[int], den: int, total: int) -> list[int]:
@@ -112,8 +115,11 @@ class MixOrder:
         self.stages, self.children, self.offsets = tuple(stages), list(children), np.asarray(offsets, np.int64)
         self.seed, self.shuffle, self.num_epochs = seed, shuffle, num_epochs
         self.num_records = int(self.offsets[-1])
+        self._offset_list = self.offsets.tolist()
         self._starts = np.array([s.start for s in self.stages], dtype=np.int64)
         self._blocks: dict[tuple[int, int], list[int]] = {}
+        self._orders: dict[tuple[int, int], tuple] = {}
+        self._start_list = self._starts.tolist()
 
     def __len__(self) -> int:
         return sys.maxsize if self.num_epochs is None else self.num_epochs * self.num_records
@@ -124,22 +130,54 @@ class MixOrder:
         if got is None:
             got = self.stages[k].counts(b)
             if len(self._blocks) >= _CACHED_BLOCKS:
-                self._blocks.pop(next(iter(self._blocks)))
+                _evict_oldest(self._blocks)
             self._blocks[(k, b)] = got
         return got
 
     def _block(self, k: int, b: int) -> tuple[np.ndarray, np.ndarray]:
         """(source position of each source's first draw in block ``b`` of stage ``k``, its counts)."""
-        before, after = self._counts(k, b), self._counts(k, b + 1)
-        first = np.array([x + y for x, y in zip(self.stages[k].base, before)], dtype=np.int64)
-        return first, np.array([y - x for x, y in zip(before, after)], dtype=np.int64)
+        _, first, n = self._block_order(k, b)
+        return np.array(first, dtype=np.int64), np.array(n, dtype=np.int64)
+
+    def _block_order(self, k: int, b: int) -> tuple:
+        """Block ``b`` of stage ``k``: (its slots' keyed order, each source's first source position,
+        each source's count), kept for the next lookups (consecutive steps share a block)."""
+        got = self._orders.get((k, b))
+        if got is None:
+            perm = None
+            if self.shuffle:
+                key = _splitmix64(self.seed ^ _splitmix64(_splitmix64(k ^ _BLOCK_SALT) ^ b))
+                # LCGSampler(block, seed=key).record_indices(slots), without re-checking our own slots
+                perm = _EpochPermutation(self.stages[k].block, key, 0)
+            before, after = self._counts(k, b), self._counts(k, b + 1)
+            first = [x + y for x, y in zip(self.stages[k].base, before)]
+            got = (perm, first, [y - x for x, y in zip(before, after)])
+            if len(self._orders) >= _CACHED_ORDERS:
+                _evict_oldest(self._orders)
+            self._orders[(k, b)] = got
+        return got
 
     def _slots(self, k: int, b: int, slots: np.ndarray) -> np.ndarray:
-        if not self.shuffle:
-            return slots
-        key = _splitmix64(self.seed ^ _splitmix64(_splitmix64(k ^ _BLOCK_SALT) ^ b))
-        # LCGSampler(block, seed=key).record_indices(slots), without re-checking our own slots
-        return _EpochPermutation(self.stages[k].block, key, 0)(slots.view(np.uint64))
+        perm = self._block_order(k, b)[0]
+        return slots if perm is None else perm(slots.view(np.uint64))
+
+    def _few(self, positions: list[int]) -> tuple[list[int], list[int]]:
+        """``sources_at`` for a few positions, in Python integers (a step of ``describe``, a resume)."""
+        src, spos = [], []
+        starts = self._start_list
+        for p in positions:
+            k = 0 if len(starts) == 1 else bisect.bisect_right(starts, p) - 1
+            st = self.stages[k]
+            b, slot = divmod(p - st.start, st.block)
+            perm, first, n = self._block_order(k, b)
+            q = slot if perm is None else perm.one(slot)
+            i = 0
+            while q >= n[i]:  # the sources' slots follow each other in source order
+                q -= n[i]
+                i += 1
+            src.append(i)
+            spos.append(first[i] + q)
+        return src, spos
 
     def sources_at(self, positions: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """(source index, position in that source's own stream) for each mixture stream position."""
@@ -159,10 +197,32 @@ class MixOrder:
                 spos[sel] = first[i] + q - (ends - n)[i]
         return src, spos
 
+    def few(self, positions: list[int]) -> list[int]:
+        """``stream_indices`` of a few positions already checked to be in range, as Python integers."""
+        src, spos = self._few(positions)
+        found: dict[int, list[int]] = {}
+        for j, i in enumerate(src):
+            found.setdefault(i, []).append(j)
+        out = [0] * len(src)
+        for i, where in found.items():
+            child = self.children[i]
+            few = getattr(child, "few", None)  # ours have it; any other order by its stream_indices
+            part = [spos[j] for j in where]
+            got = few(part) if few else child.stream_indices(np.array(part, dtype=np.int64)).tolist()
+            for j, r in zip(where, got):
+                out[j] = r + self._offset_list[i]
+        return out
+
     def stream_indices(self, positions) -> np.ndarray:
         """Mixture index (``offsets[source] + record``) at each stream position."""
         pos = np.asarray(positions, dtype=np.int64)
-        if pos.size and (pos.min() < 0 or pos.max() >= len(self)):
+        if pos.size <= _FEW:  # a step of describe, a resume: Python integers throughout
+            flat = pos.reshape(-1).tolist()
+            bad = [p for p in flat if not 0 <= p < len(self)]
+            if bad:
+                raise PositionOutOfRange(f"index must be in [0, {len(self)}) for this mixture's stream, got {bad[0]}")
+            return np.array(self.few(flat), dtype=np.int64).reshape(pos.shape)
+        if pos.min() < 0 or pos.max() >= len(self):
             bad = pos[(pos < 0) | (pos >= len(self))][0]
             raise PositionOutOfRange(f"index must be in [0, {len(self)}) for this mixture's stream, got {int(bad)}")
         src, spos = self.sources_at(pos)

@@ -44,7 +44,8 @@ def source(obj) -> Dataset:
     # Only a module already imported can have made obj: checking sys.modules avoids importing them.
     grain_ds = sys.modules.get("grain._src.python.dataset.dataset")
     if grain_ds is not None and isinstance(obj, grain_ds.MapDataset):
-        return GrainTree(obj)
+        # Grain's filter leaves holes (None) in place: served as our filter's rejections, batches stay full.
+        return GrainTree(obj).filter(not_a_hole, name="grain holes") if _filters(obj) else GrainTree(obj)
     hf = sys.modules.get("datasets")
     if hf is not None and isinstance(obj, hf.Dataset):
         return HFDataset(obj)
@@ -210,7 +211,9 @@ class GrainTree(Dataset):
     Fingerprint: a walk over the tree from the root through ``_parents``: each node's type, its
     transform function (:func:`portable_loader.dataset.base.function_identity`) and its plain
     parameters (seeds, slice bounds); each leaf source through :func:`source` (a cache by its
-    manifest, anything else by its length and a content sample). Lengths are read from the mapped
+    manifest, anything else by its length and a content sample). A tree with a Grain ``filter``
+    comes wrapped in ``.filter(not_a_hole)``: the loader skips the holes (None) Grain leaves, so
+    batches stay full. Lengths are read from the mapped
     records, since a Grain map may change them. Workers use the tree as it is: wrap a cache as
     ``source(cache).map(f)`` to have each worker reopen its files.
 
@@ -236,6 +239,18 @@ class GrainTree(Dataset):
 
     def _identity(self) -> tuple:
         return (_node_identity(self.tree),)
+
+
+def not_a_hole(record) -> bool:
+    """False for the None that Grain's ``MapDataset.filter`` leaves where it rejected a record."""
+    return record is not None
+
+
+def _filters(node) -> bool:
+    """Whether a Grain tree has a ``filter`` node (whose rejected records read as None)."""
+    if type(node).__name__ == "FilterMapDataset":
+        return True
+    return any(_filters(p) for p in getattr(node, "_parents", ()) or ())
 
 
 def _node_identity(node) -> tuple:

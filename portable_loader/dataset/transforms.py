@@ -1,9 +1,14 @@
-"""Lazy per-record transforms: ``dataset.map(fn)`` (``filter`` comes in a later release).
+"""Lazy per-record transforms: ``dataset.map(fn)`` and ``dataset.filter(pred)``.
 
-A transform holds its parent and a function and does nothing until records are read: ``fn`` runs on
-exactly the records a batched read asks for, in the reading process (a loader worker, when there
-are workers). Its fingerprint hashes the parent's fingerprint and the function's identity, so a
-loader state saved over ``source(x).map(f)`` is refused by ``source(x).map(g)``.
+A transform holds its parent and a function and does nothing until records are read. Its
+fingerprint hashes the parent's fingerprint and the function's identity, so a loader state saved
+over ``source(x).map(f)`` is refused by ``source(x).map(g)``, and one saved over ``.filter(p)`` by
+``.filter(q)``. A transform keeps its parent's index space and stream order: a transform over a
+mixture is still served in the mixture's order, and ``describe`` still names its sources.
+
+``map``'s ``fn`` runs on exactly the records a batched read asks for, in the reading process (a
+loader worker, when there are workers). ``filter``'s predicate decides which records the loader
+serves; it runs where the loader plans (the main process), see :class:`Filter`.
 
 Example:
     >>> import numpy as np
@@ -17,16 +22,49 @@ Example:
 
 from __future__ import annotations
 
+import threading
+from collections import OrderedDict
 from typing import Any, Callable
 
 import numpy as np
 
 from portable_loader.dataset.base import Dataset, function_identity
 
-__all__ = ["Map"]
+__all__ = ["Filter", "Map"]
+
+# What a transform passes through from its parent, only where the parent has it (a mixture's
+# ``locate`` and schedule checks): the loader looks these up with getattr.
+_FORWARDED = frozenset({"locate", "schedule_digests", "schedule_change"})
+_MEMO_TOKENS = 1 << 21  # tokens of records a filter read for its predicate, kept for the fetch that follows
 
 
-class Map(Dataset):
+class _Transform(Dataset):
+    """A dataset over ``parent`` with the same indices, order, format and mixture lookups."""
+
+    parent: Dataset
+
+    @property
+    def format(self) -> str | None:
+        return self.parent.format
+
+    def __len__(self) -> int:
+        return len(self.parent)
+
+    def stream_order(self, seed: int, *, shuffle: bool = True, num_epochs: int | None = None):
+        return self.parent.stream_order(seed, shuffle=shuffle, num_epochs=num_epochs)
+
+    def __getattr__(self, name: str):
+        # Only reached when normal lookup fails; "parent" itself is absent while unpickling.
+        if name in _FORWARDED and "parent" in self.__dict__:
+            return getattr(self.__dict__["parent"], name)
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+
+
+def _label(kind: str, fn, name: str | None) -> str:
+    return f"{kind} {name or getattr(fn, '__qualname__', type(fn).__qualname__)}"
+
+
+class Map(_Transform):
     """Records ``fn(parent[i])``, computed on read; built by :meth:`Dataset.map`.
 
     ``name``: what identifies ``fn`` in the fingerprint, instead of its qualified name (or, for a
@@ -34,7 +72,7 @@ class Map(Dataset):
     a promise that ``fn`` leaves ``len(record["input_ids"])`` as it is, so ``lengths`` asks the parent
     (a cache answers without decoding) instead of mapping records; every read checks the promise and
     a broken one raises ``ValueError``. It does not enter the fingerprint: a true promise changes no
-    batch.
+    batch. A record a filter below rejected (None) stays None.
 
     Example:
         >>> from portable_loader.dataset import source
@@ -56,28 +94,25 @@ class Map(Dataset):
         self.parent, self.fn, self.name, self.keeps_lengths = parent, fn, name, bool(keeps_lengths)
         self.cheap_lengths = self.keeps_lengths and parent.cheap_lengths
         self.fork_hazard = parent.fork_hazard
-
-    @property
-    def format(self) -> str | None:
-        return self.parent.format
-
-    def __len__(self) -> int:
-        return len(self.parent)
+        self.filters = parent.filters
 
     def __getitems__(self, indices) -> list:
         records = self.parent.__getitems__(indices)
-        out = [self.fn(r) for r in records]
+        out = [None if r is None else self.fn(r) for r in records]
         if self.keeps_lengths:
             for i, before, after in zip(indices, records, out):
-                if len(before["input_ids"]) != len(after["input_ids"]):
+                if before is not None and len(before["input_ids"]) != len(after["input_ids"]):
                     raise ValueError(
-                        f"map {self.name or getattr(self.fn, '__qualname__', self.fn)} promised keeps_lengths but "
+                        f"{_label('map', self.fn, self.name)} promised keeps_lengths but "
                         f"changed record {int(i)} from {len(before['input_ids'])} to {len(after['input_ids'])} tokens"
                     )
         return out
 
     def lengths(self, indices) -> np.ndarray:
         return self.parent.lengths(indices) if self.keeps_lengths else super().lengths(indices)
+
+    def accepts(self, indices) -> np.ndarray:
+        return self.parent.accepts(indices)
 
     def _identity(self) -> tuple:
         fn = ("name", self.name) if self.name is not None else function_identity(self.fn)
@@ -88,3 +123,138 @@ class Map(Dataset):
         if parent is self.parent:
             return self
         return Map(parent, self.fn, name=self.name, keeps_lengths=self.keeps_lengths)
+
+
+class Filter(_Transform):
+    """The records of ``parent`` for which ``pred(record)`` is True; built by :meth:`Dataset.filter`.
+
+    The index space stays the parent's: a rejected index reads as None (as in Grain's
+    ``MapDataset.filter``), and ``accepts(indices)`` says which indices survive. The loader, not the
+    dataset, skips rejected records: it asks ``accepts`` for stream positions as it plans, so
+    batches stay full, nothing like an index of survivors is ever built, and the loader state stays
+    a stream position (rejected positions included). ``pred`` must return a ``bool`` and be a pure
+    function of the record: it runs in the process that plans (the loader's main process) on every
+    record the stream passes over, and again in a worker on each record it fetches, where a
+    record planned as accepted but now rejected raises.
+
+    Records read for the predicate are kept (up to about 2M tokens) for the fetch that follows, so
+    without worker processes every record is read once; a worker reads accepted records again.
+    ``name``: what identifies ``pred`` in the fingerprint, as for :meth:`Dataset.map`.
+
+    Example:
+        >>> import numpy as np
+        >>> from portable_loader.dataset import source
+        >>> ds = source([{"input_ids": np.arange(n)} for n in (1, 4, 2, 6)]).filter(lambda r: r["input_ids"].size > 1)
+        >>> ds.accepts([0, 1, 2, 3]).tolist(), len(ds), ds[0]
+        ([False, True, True, True], 4, None)
+        >>> source([{"input_ids": [1]}]).filter(lambda r: r["input_ids"]).accepts([0])
+        Traceback (most recent call last):
+        ...
+        TypeError: filter <lambda> returned list for record 0; a predicate must return a bool
+    """
+
+    def __init__(self, parent: Dataset, pred: Callable[[Any], bool], *, name: str | None = None):
+        if not callable(pred):
+            raise TypeError(f"filter() takes a callable, got {type(pred).__name__}")
+        if name is not None and not isinstance(name, str):
+            raise TypeError(f"filter(name=...) must be a string, got {type(name).__name__}")
+        self.parent, self.pred, self.name = parent, pred, name
+        self.label = _label("filter", pred, name)
+        self.cheap_lengths = parent.cheap_lengths
+        self.fork_hazard = parent.fork_hazard
+        self.filters = parent.filters + (self.label,)
+        self._memo: OrderedDict = OrderedDict()  # index -> parent record that pred accepted
+        self._memo_tokens = 0
+        self._lock = threading.Lock()  # describe() may plan in the trainer's thread while a prefetch thread plans
+
+    def _test(self, index: int, record) -> bool:
+        ok = self.pred(record)
+        if not isinstance(ok, (bool, np.bool_)):
+            raise TypeError(
+                f"{self.label} returned {type(ok).__name__} for record {index}; a predicate must return a bool"
+            )
+        return bool(ok)
+
+    def accepts(self, indices) -> np.ndarray:
+        """Whether each of ``indices`` survives this filter (and every filter below it), as bools.
+
+        Example:
+            >>> from portable_loader.dataset import source
+            >>> ds = source([{"input_ids": [1]}, {"input_ids": []}]).filter(lambda r: len(r["input_ids"]) > 0)
+            >>> ds.accepts([1, 0]).tolist()
+            [False, True]
+        """
+        idx = np.asarray(indices, dtype=np.int64).reshape(-1)
+        ok = self.parent.accepts(idx) if self.parent.filters else np.ones(idx.size, dtype=bool)
+        where = np.flatnonzero(ok)
+        if where.size:
+            keys = idx[where]
+            records = self.parent.__getitems__(keys)
+            kept = []
+            for j, i, record in zip(where.tolist(), keys.tolist(), records):
+                ok[j] = self._test(i, record)
+                if ok[j]:
+                    kept.append((i, record))
+            self._remember(kept)
+        return ok
+
+    def _remember(self, kept: list) -> None:
+        with self._lock:
+            for i, record in kept:
+                if i not in self._memo:
+                    self._memo[i] = record
+                    self._memo_tokens += _size(record)
+            while self._memo_tokens > _MEMO_TOKENS and self._memo:
+                self._memo_tokens -= _size(self._memo.popitem(last=False)[1])
+
+    def __getitems__(self, indices) -> list:
+        keys = [int(i) for i in (indices.tolist() if isinstance(indices, np.ndarray) else indices)]
+        with self._lock:
+            # A copy of each kept record: a map above that sets a key in place must not reach the memo.
+            out = [_copy(self._memo.get(i)) for i in keys]
+        missing = [j for j, r in enumerate(out) if r is None]
+        if missing:
+            read = self.parent.__getitems__(np.asarray([keys[j] for j in missing], dtype=np.int64))
+            for j, record in zip(missing, read):
+                out[j] = record if record is not None and self._test(keys[j], record) else None
+        return out
+
+    def lengths(self, indices) -> np.ndarray:
+        if self.parent.cheap_lengths:
+            return self.parent.lengths(indices)
+        idx = np.asarray(indices, dtype=np.int64).reshape(-1)
+        with self._lock:
+            known = [self._memo.get(i) for i in idx.tolist()]
+        out = np.empty(idx.size, dtype=np.int64)
+        rest = [j for j, r in enumerate(known) if r is None]
+        for j, r in enumerate(known):
+            if r is not None:
+                out[j] = len(r["input_ids"])
+        if rest:  # a rejected record has a length too: its parent's
+            out[rest] = self.parent.lengths(idx[rest])
+        return out
+
+    def _identity(self) -> tuple:
+        fn = ("name", self.name) if self.name is not None else function_identity(self.pred)
+        return (self.parent.fingerprint(), fn)
+
+    def reopen(self) -> "Filter":
+        parent = self.parent.reopen()
+        if parent is self.parent:
+            return self
+        return Filter(parent, self.pred, name=self.name)
+
+    def __getstate__(self):  # a spawned worker starts with no memo
+        return dict(self.__dict__, _memo=OrderedDict(), _memo_tokens=0, _lock=None)
+
+    def __setstate__(self, state):
+        self.__dict__.update(state, _lock=threading.Lock())
+
+
+def _copy(record):
+    return dict(record) if isinstance(record, dict) else record
+
+
+def _size(record) -> int:
+    ids = record.get("input_ids") if isinstance(record, dict) else None
+    return 1 + (len(ids) if ids is not None else 0)

@@ -24,6 +24,10 @@ def build_batch(source, rows, seq_len: int, pad_id: int, fields=FIELDS) -> dict[
     """Fetch the records a row plan names (one batched read) and collate ``fields`` of them."""
     wanted = sorted({piece[0] for row in rows for piece in row})
     records = dict(zip(wanted, source.__getitems__(np.asarray(wanted, dtype=np.int64))))
+    if any(r is None for r in records.values()):  # a filter's hole: the plan only names records it accepted
+        i = next(k for k, r in records.items() if r is None)
+        raise ValueError(f"record {i} was planned as accepted but a filter rejects it now: a filter's predicate must be "
+                         "a pure function of the record (same answer in every process and every call)")
     return collate(rows, records, seq_len, pad_id, fields)
 
 
