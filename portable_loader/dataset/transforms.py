@@ -64,6 +64,10 @@ class Map(Dataset):
     def __len__(self) -> int:
         return len(self.parent)
 
+    @property
+    def shard_rows(self) -> list[int] | None:
+        return self.parent.shard_rows  # one record out per record in: the parent's shards
+
     def __getitems__(self, indices) -> list:
         records = self.parent.__getitems__(indices)
         out = [self.fn(r) for r in records]
