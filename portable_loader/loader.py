@@ -75,7 +75,7 @@ def _shuffle_mode(shuffle, shuffle_shards, source) -> tuple:
         return bool(shuffle), None
     if isinstance(shuffle_shards, bool) or not isinstance(shuffle_shards, (int, np.integer)) or shuffle_shards < 1:
         raise ValueError(f"shuffle='shards' needs shuffle_shards, an integer >= 1 (shards read together), got {shuffle_shards!r}")
-    if as_dataset(source).shard_rows is None:
+    if source.shard_rows is None:
         raise ValueError(
             f"shuffle='shards' needs a sharded source (a cache from open_cache, or a map of one), got {type(source).__name__}"
         )
