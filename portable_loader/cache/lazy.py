@@ -4,8 +4,9 @@
 like a local cache (same records, same ``len``, same fingerprint, so the same batches and loader
 states) but holds only the shards it has touched, in a :class:`~portable_loader.cache.shardstore.ShardStore`
 bounded by ``cache_limit``: a cache larger than the limit can be read. Each process (the loader's,
-each worker) keeps up to ``max_open`` shards open; a read holds a shared lock on each shard it reads
-from, so no process evicts it meanwhile. ``reserve``/``release`` are what the loader's fetch-ahead
+each worker) keeps up to ``max_open`` shards open (default: as many as ``cache_limit`` holds), each pinned (in use: no process evicts it); when
+a fetch lacks room, the process closes the open shards its current read does not need, and asks
+the other processes to do the same (they do at their next read). ``reserve``/``release`` are what the loader's fetch-ahead
 thread (:mod:`portable_loader.engine.ahead`) uses to fetch the next steps' shards and keep them.
 
 Example:
@@ -18,6 +19,7 @@ Example:
 
 from __future__ import annotations
 
+import bisect
 import os
 import threading
 from collections import OrderedDict
@@ -29,6 +31,9 @@ from portable_loader.cache.readers import ArrayRecordCacheSource, ArrowCacheSour
 from portable_loader.cache.shardstore import ShardStore
 
 __all__ = ["RemoteCacheSource"]
+
+_MAX_OPEN = 1024  # file descriptors a process may spend on open shards
+_FEW = 64  # up to this many records, a read loops in Python (as the local Arrow reader does)
 
 
 class RemoteCacheSource(_CacheSource):
@@ -46,13 +51,18 @@ class RemoteCacheSource(_CacheSource):
     # chunk of 4096 records' shards to count over-long records (collation cuts them anyway).
     cheap_lengths = False
 
-    def __init__(self, store: ShardStore, max_open: int = 8):
+    def __init__(self, store: ShardStore, max_open: int | None = None):
         super().__init__(store.local, store.manifest)
-        self.store, self.max_open = store, int(max_open)
+        self.store = store
+        if max_open is None:  # as many as the limit holds: open shards are pinned, so they must fit
+            shards = store.manifest["shards"]
+            mean = max(1, sum(s["bytes"] for s in shards) // max(1, len(shards)))
+            max_open = len(shards) if store.limit is None else store.limit // mean
+        self.max_open = max(2, min(int(max_open), _MAX_OPEN))
         self._starts = self._shard_starts.tolist()
-        self._open: OrderedDict[int, _CacheSource] = OrderedDict()
-        self._lock = threading.Lock()
-        arrow = store.manifest["backend"] == "arrow"
+        self._open: OrderedDict[int, tuple] = OrderedDict()  # shard -> (reader, pinned fd)
+        self._lock = threading.Lock()  # the open shards, shared by a reading thread and the fetch-ahead thread
+        self._arrow = arrow = store.manifest["backend"] == "arrow"
         self._reader_cls = ArrowCacheSource if arrow else ArrayRecordCacheSource
         compressed = not arrow and "uncompressed" not in store.manifest.get("array_record_options", "group_size:1")
         self.fork_hazard = (f"{store.url}: this ArrayRecord cache was written compressed (by an older portable_loader); "
@@ -72,42 +82,89 @@ class RemoteCacheSource(_CacheSource):
 
     # --- reading ------------------------------------------------------------------------------
 
-    def _reader(self, s: int, fd: int) -> _CacheSource:
-        """Shard ``s``'s reader (opened on the pinned file ``fd``'s path); LRU over ``max_open``."""
+    def _reader(self, s: int, needed) -> _CacheSource:
+        """Shard ``s``'s reader, opened (and pinned) if it is not; LRU over ``max_open``.
+
+        ``needed``: the shards of the request in hand, which a release must keep. The lock is not
+        held while fetching: another thread's fetch may need it to release shards.
+        """
         with self._lock:
             entry = self._open.get(s)
-            if entry is not None and entry[1] == os.fstat(fd).st_ino:
+            if entry is not None:
                 self._open.move_to_end(s)
                 return entry[0]
-        one = {**self.manifest, "shards": [self.manifest["shards"][s]]}
-        reader = self._reader_cls(self.store.local, one)
-        os.utime(fd)  # recently opened: evicted last
+        fd = self.store.pin(s, release=lambda: self._close_idle(needed))
+        try:
+            os.utime(fd)  # recently opened: evicted last
+            reader = self._reader_cls(self.store.local, {**self.manifest, "shards": [self.manifest["shards"][s]]})
+        except BaseException:
+            self.store.unpin(fd)
+            raise
         with self._lock:
-            # Readers dropped here are closed when the last thread reading them lets go.
-            self._open[s] = (reader, os.fstat(fd).st_ino)
-            self._open.move_to_end(s)
+            entry = self._open.get(s)
+            if entry is not None:  # another thread opened it meanwhile
+                self.store.unpin(fd)
+                return entry[0]
+            self._open[s] = (reader, fd)
             while len(self._open) > self.max_open:
-                self._open.popitem(last=False)
-        return reader
+                self.store.unpin(self._open.popitem(last=False)[1][1])
+            return reader
+
+    def _close_idle(self, needed) -> None:
+        """Close the open shards the request in hand does not read: other processes may evict them."""
+        with self._lock:
+            for s in [s for s in self._open if s not in needed]:
+                self.store.unpin(self._open.pop(s)[1])
 
     def _per_shard(self, indices, read) -> list:
         """``read(reader, local indices)`` per shard of ``indices``, results back in request order."""
         idx = self._indices(indices)
         shard = np.searchsorted(self._shard_starts, idx, side="right") - 1
+        needed = dict.fromkeys(shard.tolist())
+        if self.store.release_asked():
+            self._close_idle(needed)
+        if len(needed) == 1:
+            (s,) = needed
+            return list(read(self._reader(s, needed), idx - self._starts[s]))
         out = [None] * idx.size
-        for s in dict.fromkeys(shard.tolist()):
+        for s in needed:
             where = np.flatnonzero(shard == s)
-            fd = self.store.pin(s)
-            try:
-                got = read(self._reader(s, fd), idx[where] - self._starts[s])
-            finally:
-                self.store.unpin(fd)
+            got = read(self._reader(s, needed), idx[where] - self._starts[s])
             for w, r in zip(where.tolist(), got):
                 out[w] = r
         return out
 
     def __getitems__(self, indices: Sequence[int]) -> list[dict]:
+        if self._arrow and len(indices) <= _FEW:
+            got = self._few(indices)
+            if got is not None:
+                return got
         return self._per_shard(indices, lambda r, local: r.__getitems__(local))
+
+    def _few(self, indices) -> list[dict] | None:
+        """A loader step's few records when their shards are open here (None otherwise): one
+        Python loop, as the local Arrow reader does, instead of a call per shard."""
+        if isinstance(indices, np.ndarray) and indices.ndim == 1 and indices.dtype.kind in "iu":
+            idx = indices.tolist()
+        elif isinstance(indices, (list, tuple)) and all(type(i) is int for i in indices):
+            idx = indices
+        else:
+            return None
+        if self.store.release_asked():
+            self._close_idle(set())
+        starts, n, out = self._starts, self._len, []
+        with self._lock:
+            opened = self._open
+            for i in idx:
+                if not 0 <= i < n:
+                    return None  # negative or out of range: the general path checks and raises
+                s = bisect.bisect_right(starts, i) - 1
+                entry = opened.get(s)
+                if entry is None:
+                    return None
+                opened.move_to_end(s)
+                out.append(entry[0].record_at(i - starts[s]))
+        return out
 
     def lengths(self, indices) -> np.ndarray:
         """Token counts; fetches the shards that hold ``indices`` (see ``cheap_lengths``)."""
@@ -122,7 +179,9 @@ class RemoteCacheSource(_CacheSource):
 
     def reserve(self, s: int) -> int:
         """Fetch shard ``s`` if absent and keep it from eviction until ``release(token)``."""
-        fd = self.store.pin(s)
+        # Short of room, this process's open shards are closed (a read reopens what it needs):
+        # what the steps ahead need is reserved, and the rest is what the limit should evict.
+        fd = self.store.pin(s, release=lambda: self._close_idle(()))
         os.utime(fd)
         return fd
 
@@ -140,4 +199,5 @@ class RemoteCacheSource(_CacheSource):
     def close(self) -> None:
         """Drop the open shard readers (their files stay in the local cache)."""
         with self._lock:
-            self._open = OrderedDict()
+            while self._open:
+                self.store.unpin(self._open.popitem()[1][1])

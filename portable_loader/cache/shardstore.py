@@ -12,8 +12,10 @@ on the machine may all fetch and evict:
 * **In use**: whoever reads a shard, or reserves it for the steps ahead, holds a shared ``flock``
   on it. Eviction takes an exclusive non-blocking ``flock`` first, so it never removes a shard in
   use; it removes the least recently opened shards (mtime) until the new one fits.
-* A shard that is in use everywhere is never waited for: the limit is then exceeded by the shards
-  in use at once (one per reading process, plus the reserved ones).
+* A shard that is in use everywhere is never waited for: a fetch that lacks room first has its own
+  process close the shards its current read does not need, then touches ``cache_dir/.release``,
+  which every reader checks (one ``stat``) before each read and answers by closing its idle shards;
+  until then the limit is exceeded by the shards in use.
 
 Example:
     >>> store = ShardStore("s3://b/caches/chat-0123", manifest, "/scratch/pl", limit=3 << 30)  # doctest: +SKIP
@@ -28,6 +30,7 @@ import hashlib
 import json
 import os
 import threading
+import time
 import uuid
 
 from portable_loader.cache.manifest import MANIFEST
@@ -38,6 +41,7 @@ from portable_loader.io.remote import filesystem, join
 __all__ = ["ShardStore", "local_name"]
 
 _LOCK, _TMP = ".lock", ".tmp-"
+_ASK_EVERY_S = 0.005
 
 
 def local_name(url: str) -> str:
@@ -64,6 +68,8 @@ class ShardStore:
         self.bytes_downloaded = 0  # by this process, since this store was made
         self.fetches = 0
         self._count = threading.Lock()
+        self._release_seen = None
+        self._asked_at = float("-inf")
 
     # --- opening ------------------------------------------------------------------------------
 
@@ -93,17 +99,18 @@ class ShardStore:
 
     # --- pins ---------------------------------------------------------------------------------
 
-    def pin(self, s: int) -> int:
+    def pin(self, s: int, release=None) -> int:
         """A file descriptor of shard ``s`` holding a shared lock: present, verified, not evictable.
 
-        Fetches the shard when it is absent (or was evicted between the fetch and the lock).
+        Fetches the shard when it is absent (or was evicted between the fetch and the lock);
+        ``release`` is called when that fetch lacks room (see :meth:`fetch`).
         """
         path = self.path(s)
         while True:
             try:
                 fd = os.open(path, os.O_RDONLY)
             except FileNotFoundError:
-                self.fetch(s)
+                self.fetch(s, release)
                 continue
             fcntl.flock(fd, fcntl.LOCK_SH)
             if os.fstat(fd).st_nlink:  # still the file under that name, not one evicted meanwhile
@@ -118,8 +125,14 @@ class ShardStore:
 
     # --- fetching and eviction ------------------------------------------------------------------
 
-    def fetch(self, s: int) -> int:
-        """Download shard ``s`` unless present; bytes downloaded. Refuses a truncated or altered object."""
+    def fetch(self, s: int, release=None) -> int:
+        """Download shard ``s`` unless present; bytes downloaded. Refuses a truncated or altered object.
+
+        When the shards not in use leave too little room, ``release()`` (this process unpinning
+        what it can) is called and eviction tried again; if room is still short, the other
+        processes are asked to release theirs (:meth:`release_asked`) and the limit is exceeded
+        until they do.
+        """
         shard = self.shards[s]
         target = self.path(s)
         obj = join(self.url, shard["file"])
@@ -128,7 +141,10 @@ class ShardStore:
             fcntl.flock(fd, fcntl.LOCK_EX)  # one download of a shard at a time, on this machine
             if os.path.isfile(target):
                 return 0  # fetched by another process or thread while we waited
-            self._make_room(shard["bytes"])
+            if self._make_room(shard["bytes"]):
+                if release is not None:
+                    release()
+                self._make_room(shard["bytes"], ask=True)
             tmp = f"{target}{_TMP}{os.getpid()}-{uuid.uuid4().hex[:8]}"
             fs, path = filesystem(self.url, self.storage_options)
             try:
@@ -156,10 +172,13 @@ class ShardStore:
     def _evict_lock(self):
         return _FileLock(os.path.join(self.cache_dir, ".evict" + _LOCK))
 
-    def _make_room(self, need: int) -> None:
-        """Evict the least recently opened shards not in use until ``need`` more bytes fit the limit."""
+    def _make_room(self, need: int, ask: bool = False) -> int:
+        """Evict the least recently opened shards not in use until ``need`` more bytes fit the limit.
+
+        Returns the bytes still missing; with ``ask``, a shortfall asks other processes to release.
+        """
         if self.limit is None:
-            return
+            return 0
         with self._evict_lock():
             files = []
             for copy in os.listdir(self.cache_dir):
@@ -167,7 +186,7 @@ class ShardStore:
                 if copy.startswith(".") or not os.path.isdir(folder):
                     continue
                 for name in os.listdir(folder):
-                    if name == MANIFEST or name.endswith(_LOCK) or _TMP in name or not name.startswith("data-"):
+                    if not name.startswith("data-") or name.endswith(_LOCK) or _TMP in name:
                         continue
                     try:
                         st = os.stat(os.path.join(folder, name))
@@ -180,6 +199,33 @@ class ShardStore:
                     break
                 if self._evict(path):
                     used -= size
+            short = max(0, used + need - self.limit)
+            if short and ask:
+                with open(self._release_marker(), "a"):
+                    pass
+                os.utime(self._release_marker(), ns=(time.time_ns(), time.time_ns()))
+            return short
+
+    def _release_marker(self) -> str:
+        return os.path.join(self.cache_dir, ".release")
+
+    def release_asked(self) -> bool:
+        """Whether a process lacked room since this store last asked: then close idle shards.
+
+        One ``stat``, at most every ``_ASK_EVERY_S`` (readers call this before every read).
+        """
+        if self.limit is None:
+            return False
+        now = time.monotonic()
+        if now - self._asked_at < _ASK_EVERY_S:
+            return False
+        self._asked_at = now
+        try:
+            stamp = os.stat(self._release_marker()).st_mtime_ns
+        except FileNotFoundError:
+            return False
+        asked, self._release_seen = stamp != self._release_seen, stamp
+        return asked
 
     @staticmethod
     def _evict(path: str) -> bool:
