@@ -155,3 +155,41 @@ def test_cold_epoch_bytes_with_shard_shuffle(many, tmp_path):
         downloaded[name] = src.remote["bytes_downloaded"]
     assert total <= downloaded["shards"] <= 1.5 * total, (downloaded, total)
     assert downloaded["global"] > 2 * downloaded["shards"], (downloaded, total)
+
+
+def test_info_ls_rm_take_urls(s3, many, tmp_path):  # noqa: F811
+    import json
+    import subprocess
+    import sys
+
+    from portable_loader.precache.manage import cache_info, format_info, remove_cache
+
+    fs, _ = s3
+    url, local, sizes = many
+    name = url.rsplit("/", 1)[-1]
+    sound, broken = f"s3://bkt/manage/{name}", "s3://bkt/manage/chat-broken"
+    fs.copy(url, sound, recursive=True)
+    fs.copy(url, broken, recursive=True)
+    shard = sorted(p for p in fs.ls(broken) if p.endswith(".arrow"))[2]
+    fs.pipe_file(shard, fs.cat_file(shard)[:-3])
+    ls = subprocess.run([sys.executable, "-m", "portable_loader.precache", "ls", "s3://bkt/manage", "--json"],
+                        capture_output=True, text=True, timeout=120)
+    assert ls.returncode == 0, ls.stderr
+    listed = {c["name"]: c for c in json.loads(ls.stdout)}
+    want = cache_info(local)
+    assert listed[name]["error"] is None and listed[name]["rows"] == want["rows"] and listed[name]["bytes"] == sum(sizes)
+    assert "truncated or replaced" in listed["chat-broken"]["error"] and shard in listed["chat-broken"]["error"]
+    info = cache_info(sound)
+    assert {k: info[k] for k in ("rows", "tokens", "bytes", "shards", "options", "key")} == \
+        {k: want[k] for k in ("rows", "tokens", "bytes", "shards", "options", "key")}
+    assert info["lengths"] is None and "not computed for a URL" in format_info(info)
+    fs.pipe_file(sound.removeprefix("s3://") + "/notes.txt", b"mine")
+    with pytest.raises(CacheError, match="notes.txt.*nothing removed"):
+        remove_cache(sound)
+    fs.rm(sound.removeprefix("s3://") + "/notes.txt")
+    rm = subprocess.run([sys.executable, "-m", "portable_loader.precache", "rm", sound], capture_output=True, text=True, timeout=120)
+    assert rm.returncode == 0, rm.stderr
+    fs.invalidate_cache()
+    assert not fs.exists(sound.removeprefix("s3://")) or not fs.find(sound.removeprefix("s3://"))
+    with pytest.raises(CacheError, match="manifest.json: missing"):
+        pl.open_cache(sound, cache_dir=tmp_path)
