@@ -23,6 +23,7 @@ declare -A QUICK_ARGS=(
   [loader]="--records 20000 --steps 200 --rounds 3"
   [torch]="--steps 10 --batch 16"
   [jax]="--steps 10 --batch 16"
+  [remote]="--shards 8 --rows 40 --steps 100"
 )
 if [ $# -gt 0 ]; then names=("$@"); else
   names=(); for f in scripts/bench_*.py; do n=${f#scripts/bench_}; names+=("${n%.py}"); done

@@ -28,7 +28,7 @@ import numpy as np
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "scripts"))
 
-from benchlib import _figure, _save, add_output_args, machine, write_table  # noqa: E402
+from benchlib import _figure, add_output_args, machine, write_table  # noqa: E402
 
 import portable_loader as pl  # noqa: E402
 from portable_loader.cache import FORMAT_VERSION, ShardWriter, write_manifest  # noqa: E402
@@ -178,7 +178,10 @@ def plot(args, warm: dict, cold: dict, qual: dict) -> None:
     labels = list(cold)
     ax1.bar(labels, [cold[k][0] for k in labels], color=["tab:blue", "tab:blue", "tab:gray"])
     ax1.axhline(1.5, color="tab:red", lw=0.8, ls="--")
-    ax1.set_ylabel("bytes downloaded / cache bytes")
+    ax1.set_yscale("log")
+    for x, k in enumerate(labels):
+        ax1.text(x, cold[k][0], f"{cold[k][0]:.2f}x", ha="center", va="bottom", fontsize=8)
+    ax1.set_ylabel("bytes downloaded / cache bytes (1.5x dashed)")
     ax1.set_title("one cold epoch, cache_limit = 3 shards", fontsize=9)
     labels = list(qual)
     ax2.barh(labels[::-1], [qual[k][0] for k in labels][::-1], color="tab:blue")
@@ -187,7 +190,12 @@ def plot(args, warm: dict, cold: dict, qual: dict) -> None:
     ax2.set_title("order locality, 1000 shards", fontsize=9)
     for a in axes:
         a.tick_params(labelsize=7)
-    _save(args, plt, fig, ax0, "Remote cache (moto S3 on 127.0.0.1) vs local")
+    fig.suptitle(f"Remote cache (moto S3 on 127.0.0.1) vs local\n{machine()}", fontsize=9)
+    fig.tight_layout()
+    os.makedirs(os.path.dirname(os.path.abspath(args.svg)), exist_ok=True)
+    fig.savefig(args.svg, format="svg", metadata={"Date": None})
+    plt.close(fig)
+    print(f"wrote {args.svg}")
 
 
 if __name__ == "__main__":
