@@ -79,9 +79,10 @@ def test_batches_and_resume_equal_a_local_copy_under_a_small_limit(many, tmp_pat
     head, state = run(src, steps=5, **config)
     same(head, want[:5])
     same(run(pl.open_cache(local), state=state, **config)[0], want[5:])
-    _, local_state = run(pl.open_cache(local), steps=7, **config)
-    fresh = pl.open_cache(url, cache_dir=tmp_path / "fresh", cache_limit=limit)
-    same(run(fresh, state=local_state, **config)[0], want[7:])
+    if config.get("shuffle") == "shards":  # (the global shuffle's cold rerun only costs time)
+        _, local_state = run(pl.open_cache(local), steps=7, **config)
+        fresh = pl.open_cache(url, cache_dir=tmp_path / "fresh", cache_limit=limit)
+        same(run(fresh, state=local_state, **config)[0], want[7:])
 
 
 def test_worker_processes_fetch_and_agree(many, tmp_path):
@@ -103,9 +104,9 @@ def _fetch_one(args):
 
 def test_concurrent_fetches_of_one_shard_download_it_once(many, tmp_path):
     url, _, sizes = many
-    with mp.get_context("fork").Pool(4) as pool:  # forked, as loader workers are
-        got = pool.map(_fetch_one, [(url, str(tmp_path))] * 4)
-    assert sorted(got) == [0, 0, 0, sizes[0]]
+    with mp.get_context("fork").Pool(3) as pool:  # forked, as loader workers are
+        got = pool.map(_fetch_one, [(url, str(tmp_path))] * 3)
+    assert sorted(got) == [0, 0, sizes[0]]
     store = open_store(url, tmp_path)
     assert os.path.getsize(store.path(0)) == sizes[0] and store.local_bytes() == sizes[0]
 
@@ -157,11 +158,10 @@ def test_cold_epoch_bytes_with_shard_shuffle(many, tmp_path):
     assert downloaded["global"] > 2 * downloaded["shards"], (downloaded, total)
 
 
-def test_info_ls_rm_take_urls(s3, many, tmp_path):  # noqa: F811
+def test_info_ls_rm_take_urls(s3, many, tmp_path, capsys):  # noqa: F811
     import json
-    import subprocess
-    import sys
 
+    from portable_loader.precache.cli import main
     from portable_loader.precache.manage import cache_info, format_info, remove_cache
 
     fs, _ = s3
@@ -172,10 +172,8 @@ def test_info_ls_rm_take_urls(s3, many, tmp_path):  # noqa: F811
     fs.copy(url, broken, recursive=True)
     shard = sorted(p for p in fs.ls(broken) if p.endswith(".arrow"))[2]
     fs.pipe_file(shard, fs.cat_file(shard)[:-3])
-    ls = subprocess.run([sys.executable, "-m", "portable_loader.precache", "ls", "s3://bkt/manage", "--json"],
-                        capture_output=True, text=True, timeout=120)
-    assert ls.returncode == 0, ls.stderr
-    listed = {c["name"]: c for c in json.loads(ls.stdout)}
+    assert main(["ls", "s3://bkt/manage", "--json"]) == 0
+    listed = {c["name"]: c for c in json.loads(capsys.readouterr().out)}
     want = cache_info(local)
     assert listed[name]["error"] is None and listed[name]["rows"] == want["rows"] and listed[name]["bytes"] == sum(sizes)
     assert "truncated or replaced" in listed["chat-broken"]["error"] and shard in listed["chat-broken"]["error"]
@@ -187,8 +185,7 @@ def test_info_ls_rm_take_urls(s3, many, tmp_path):  # noqa: F811
     with pytest.raises(CacheError, match="notes.txt.*nothing removed"):
         remove_cache(sound)
     fs.rm(sound.removeprefix("s3://") + "/notes.txt")
-    rm = subprocess.run([sys.executable, "-m", "portable_loader.precache", "rm", sound], capture_output=True, text=True, timeout=120)
-    assert rm.returncode == 0, rm.stderr
+    assert main(["rm", sound]) == 0 and f"removed {sound}" in capsys.readouterr().out
     fs.invalidate_cache()
     assert not fs.exists(sound.removeprefix("s3://")) or not fs.find(sound.removeprefix("s3://"))
     with pytest.raises(CacheError, match="manifest.json: missing"):
