@@ -45,7 +45,12 @@ _ASK_EVERY_S = 0.005
 
 
 def local_name(url: str) -> str:
-    """The folder name of the local copy of ``url``: its last part and a hash of the whole URL."""
+    """The folder name of the local copy of ``url``: its last part and a hash of the whole URL.
+
+    Example:
+        >>> local_name("s3://bucket/caches/chat-0123")
+        'chat-0123-4ceec0df2c00'
+    """
     return f"{url.rstrip('/').rsplit('/', 1)[-1]}-{hashlib.sha256(url.encode()).hexdigest()[:12]}"
 
 
@@ -58,7 +63,13 @@ def _flock(fd: int, how: int) -> bool:
 
 
 class ShardStore:
-    """The verified local shards of the remote cache ``url`` (see the module docstring)."""
+    """The verified local shards of the remote cache ``url`` (see the module docstring).
+
+    Example:
+        >>> store = open_store("s3://b/caches/chat-0123", "/scratch/pl", "3GB")   # doctest: +SKIP
+        >>> store.fetch(0), store.fetch(0)     # bytes downloaded: the second finds it present  # doctest: +SKIP
+        (1048912, 0)
+    """
 
     def __init__(self, url: str, manifest: dict, cache_dir: str, limit: int | None, storage_options: dict | None = None):
         self.url, self.manifest, self.cache_dir, self.limit = url, manifest, cache_dir, limit

@@ -60,6 +60,11 @@ class FetchAhead:
 
     ``max_records``: how many stream positions ahead of the consumer it may look (the only bound
     when the cache has no ``cache_limit``).
+
+    Example:
+        >>> engine = FetchAhead(InlineEngine(loader, loader.planner(), Cursor(0, 0, 0)), loader,
+        ...                     remote_of(loader.source), Cursor(0, 0, 0))   # doctest: +SKIP
+        >>> batch, cursor = engine.next(); engine.close()                   # doctest: +SKIP
     """
 
     def __init__(self, engine, loader, remote, cursor: Cursor, max_records: int = 1 << 13):
