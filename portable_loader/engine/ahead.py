@@ -74,7 +74,7 @@ class FetchAhead:
         limit = remote.store.limit
         largest = max((s["bytes"] for s in remote.manifest["shards"]), default=0)
         self.budget = None if limit is None else max(largest, limit - largest)
-        self._consumed = self._position(cursor)
+        self._consumed = self._start = self._position(cursor)
         self._wake_at = self._consumed  # the consumer position the thread waits for
         self._cond = threading.Condition()
         self._stop = False
@@ -110,7 +110,7 @@ class FetchAhead:
         if loader.packing or loader.shard_count == 1 or not loader.batch_schedule.fixed:
             return pos
         b = loader.global_batch_size // loader.shard_count
-        row = pos % loader.global_batch_size
+        row = (pos - self._start) % loader.global_batch_size  # steps of B from where this run started
         return pos[(row >= loader.shard_index * b) & (row < (loader.shard_index + 1) * b)]
 
     def _run(self) -> None:
