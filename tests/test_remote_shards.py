@@ -190,3 +190,30 @@ def test_info_ls_rm_take_urls(s3, many, tmp_path, capsys):  # noqa: F811
     assert not fs.exists(sound.removeprefix("s3://")) or not fs.find(sound.removeprefix("s3://"))
     with pytest.raises(CacheError, match="manifest.json: missing"):
         pl.open_cache(sound, cache_dir=tmp_path)
+
+
+def test_fetch_ahead_fetches_the_next_steps_shards_within_the_budget(many, tmp_path):
+    import time
+
+    url, _, sizes = many
+    config = dict(global_batch_size=4, seq_len=64, seed=3, prefetch=0, shuffle="shards", shuffle_shards=2)
+
+    def settle(src, fetches, seconds=20.0):
+        """Wait (generously: the machine is loaded) until the thread's downloads reach ``fetches``."""
+        deadline = time.monotonic() + seconds
+        while src.remote["fetches"] < fetches and time.monotonic() < deadline:
+            time.sleep(0.05)
+        return src.remote["fetches"]
+
+    # No limit: after one step, the thread fetches every shard the stream reads next (all of them).
+    src = pl.open_cache(url, cache_dir=tmp_path / "all")
+    with iter(pl.DataLoader(src, **config)) as it:
+        next(it)
+        assert settle(src, len(sizes)) == len(sizes)
+    # A 3-shard limit: the thread reserves the current group (2 shards, the budget) and waits there.
+    src = pl.open_cache(url, cache_dir=tmp_path / "small", cache_limit=3 * max(sizes))
+    with iter(pl.DataLoader(src, **config)) as it:
+        next(it)
+        assert settle(src, 2) == 2
+        time.sleep(1.0)
+        assert src.remote["fetches"] == 2 and src.store.local_bytes() <= 3 * max(sizes)
