@@ -8,8 +8,8 @@ Three measurements, each against its peer in the same run:
 1. Warm speed: padded 8 x 2048 batches/s from ``open_cache(url)`` whose shards are all local already,
    against ``open_cache(local copy)``; interleaved rounds, the median of per-round ratios (target >= 0.8).
 2. Cold epoch bytes: one epoch from an empty ``cache_dir`` with ``cache_limit`` = 3 shards, bytes
-   downloaded as a multiple of the cache's shard bytes, for ``shuffle="shards"`` (K = 1, 2) and the
-   global shuffle.
+   downloaded as a multiple of the cache's shard bytes, for ``shuffle="shards"`` (K = 1, 2; K = 2
+   packed, windows of 256) and the global shuffle.
 3. Shuffle quality (from the orders alone, over 1,000 shards of 1,000 records): the probability that
    the next record in the stream comes from the same shard as the one before it (the global shuffle:
    about 1/shards; shards K: about 1/K), and the distinct shards in a batch of 64 records.
@@ -105,7 +105,9 @@ def warm_speed(url: str, local: str, cache_dir: str, steps: int) -> dict:
 def cold_bytes(url: str, limit: int, total: int, tmp: str) -> dict:
     out = {}
     for label, kw in (("shards K=1", dict(shuffle="shards", shuffle_shards=1)),
-                      ("shards K=2", dict(shuffle="shards", shuffle_shards=2)), ("global", {})):
+                      ("shards K=2", dict(shuffle="shards", shuffle_shards=2)),
+                      ("shards K=2, packed", dict(shuffle="shards", shuffle_shards=2, packing=True, packing_window=256)),
+                      ("global", {})):
         src = pl.open_cache(url, cache_dir=os.path.join(tmp, label.replace(" ", "_").replace("=", "")), cache_limit=limit)
         t = time.perf_counter()
         with iter(pl.DataLoader(src, global_batch_size=B, seq_len=S, seed=0, num_epochs=1, prefetch=0, **kw)) as it:
@@ -176,7 +178,8 @@ def plot(args, warm: dict, cold: dict, qual: dict) -> None:
     ax0.set_ylabel("batches/s (8 x 2048, padded)")
     ax0.set_title(f"warm: ratio {warm['ratio']:.2f}", fontsize=9)
     labels = list(cold)
-    ax1.bar(labels, [cold[k][0] for k in labels], color=["tab:blue", "tab:blue", "tab:gray"])
+    ax1.bar([k.replace(", ", "\n") for k in labels], [cold[k][0] for k in labels],
+            color=["tab:gray" if k == "global" else "tab:blue" for k in labels])
     ax1.axhline(1.5, color="tab:red", lw=0.8, ls="--")
     ax1.set_yscale("log")
     for x, k in enumerate(labels):

@@ -217,3 +217,31 @@ def test_fetch_ahead_fetches_the_next_steps_shards_within_the_budget(many, tmp_p
         assert settle(src, 2) == 2
         time.sleep(1.0)
         assert src.remote["fetches"] == 2 and src.store.local_bytes() <= 3 * max(sizes)
+
+
+def test_a_collected_source_unpins_its_shards(many, tmp_path):
+    import gc
+
+    url, _, sizes = many
+    src = pl.open_cache(url, cache_dir=tmp_path)
+    src.__getitems__([0])  # shard 0 open here, so pinned
+    path = src.store.path(0)
+    assert not evictable(path)
+    del src
+    gc.collect()
+    assert evictable(path)
+
+
+def evictable(path):
+    """Whether an evictor could take ``path`` now (its exclusive lock is free)."""
+    import fcntl
+
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        return True
+    except BlockingIOError:
+        return False
+    finally:
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        os.close(fd)

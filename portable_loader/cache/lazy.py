@@ -22,6 +22,7 @@ from __future__ import annotations
 import bisect
 import os
 import threading
+import weakref
 from collections import OrderedDict
 from typing import Sequence
 
@@ -61,6 +62,8 @@ class RemoteCacheSource(_CacheSource):
         self.max_open = max(2, min(int(max_open), _MAX_OPEN))
         self._starts = self._shard_starts.tolist()
         self._open: OrderedDict[int, tuple] = OrderedDict()  # shard -> (reader, pinned fd)
+        # Unpinned when the source is collected, or its files stay unevictable until the process ends.
+        weakref.finalize(self, _unpin_all, self._open, os.getpid())
         self._lock = threading.Lock()  # the open shards, shared by a reading thread and the fetch-ahead thread
         self._arrow = arrow = store.manifest["backend"] == "arrow"
         self._reader_cls = ArrowCacheSource if arrow else ArrayRecordCacheSource
@@ -199,5 +202,11 @@ class RemoteCacheSource(_CacheSource):
     def close(self) -> None:
         """Drop the open shard readers (their files stay in the local cache)."""
         with self._lock:
-            while self._open:
-                self.store.unpin(self._open.popitem()[1][1])
+            _unpin_all(self._open, os.getpid())
+
+
+def _unpin_all(opened: OrderedDict, pid: int) -> None:
+    # Only in the process that pinned them: a forked child shares the locks, and must not drop them.
+    if os.getpid() == pid:
+        while opened:
+            ShardStore.unpin(opened.popitem()[1][1])
