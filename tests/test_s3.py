@@ -7,6 +7,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import urllib.request
 
 
 import numpy as np
@@ -30,6 +31,8 @@ def s3():
     server = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=0)
     server.start()
     host, port = server.get_host_and_port()
+    # moto's backends are global to the process: start empty when another module's server ran before.
+    urllib.request.urlopen(urllib.request.Request(f"http://{host}:{port}/moto-api/reset", method="POST")).close()
     env = {
         "FSSPEC_S3_ENDPOINT_URL": f"http://{host}:{port}",
         "AWS_ACCESS_KEY_ID": "testing",
