@@ -85,7 +85,8 @@ class LoaderOptions:
     seq_len: int
     seed: int = 0
     packing: bool = False
-    shuffle: bool = True
+    shuffle: bool | str = True
+    shuffle_shards: int | None = None
     num_epochs: int | None = None
     num_workers: int = 0
     prefetch: int = 2
@@ -101,6 +102,23 @@ class LoaderOptions:
         return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
 
 
+def _shuffle_mode(shuffle, shuffle_shards, source) -> tuple:
+    """``(True | False | "shards", K or None)``, checked: ``"shards"`` needs K and a sharded source."""
+    if shuffle != "shards":
+        if shuffle_shards is not None:
+            raise ValueError(f"shuffle_shards={shuffle_shards!r} needs shuffle='shards', got shuffle={shuffle!r}")
+        if not isinstance(shuffle, (bool, np.bool_)):
+            raise ValueError(f"shuffle must be True, False or 'shards', got {shuffle!r}")
+        return bool(shuffle), None
+    if isinstance(shuffle_shards, bool) or not isinstance(shuffle_shards, (int, np.integer)) or shuffle_shards < 1:
+        raise ValueError(f"shuffle='shards' needs shuffle_shards, an integer >= 1 (shards read together), got {shuffle_shards!r}")
+    if source.shard_rows is None:
+        raise ValueError(
+            f"shuffle='shards' needs a sharded source (a cache from open_cache, or a map of one), got {type(source).__name__}"
+        )
+    return "shards", int(shuffle_shards)
+
+
 class DataLoader:
     """Shuffled, padded or packed global batches from a random-access source, with exact resume.
 
@@ -113,7 +131,9 @@ class DataLoader:
     ``global_batch_size``: an int, a schedule ``[(step, size), ...]``, a ``BatchSchedule`` (by step or
     by samples consumed) or ``rampup(...)`` (Megatron's); a state resumes at any other size or
     schedule, and continues the same record or packed-row stream (docs/batch_size.md). ``fields``:
-    what a batch holds, from ``collate.FIELDS``; by default ``input_ids``, ``loss_mask``,
+    what a batch holds, from ``collate.FIELDS``; ``shuffle``: True (a global shuffle per epoch), False,
+    or ``"shards"`` with ``shuffle_shards=K`` (a sharded source, e.g. a cache: each epoch permutes the
+    shards and shuffles K shards' records together, for remote caches; docs/object-storage.md); by default ``input_ids``, ``loss_mask``,
     ``attention_mask``, plus ``segment_ids`` and ``positions`` when packing (docs/performance.md).
 
     Example:
@@ -131,7 +151,8 @@ class DataLoader:
         seq_len: int,
         seed: int = 0,
         packing: bool = False,
-        shuffle: bool = True,
+        shuffle: bool | str = True,
+        shuffle_shards: int | None = None,
         num_epochs: int | None = None,
         num_workers: int = 0,
         prefetch: int = 2,
@@ -167,15 +188,15 @@ class DataLoader:
         # An int when fixed (what most code reads); the schedule otherwise.
         self.global_batch_size = sizes.stages[0][1] if sizes.fixed else sizes
         self.seq_len, self.seed = int(seq_len), int(seed)
-        self.packing, self.shuffle, self.num_epochs = bool(packing), bool(shuffle), num_epochs
+        self.packing, self.num_epochs = bool(packing), num_epochs
+        self.shuffle, self.shuffle_shards = _shuffle_mode(shuffle, shuffle_shards, source)
         self.num_workers, self.prefetch = int(num_workers), int(prefetch)
         self.shard_index, self.shard_count = int(shard_index), int(shard_count)
         self.packing_window, self.pad_id = int(packing_window), int(pad_id)
         self.overlong = _overlong_policy(overlong, source, self.packing)
         # Not part of the config: the fields a batch carries never change the stream or the state.
         self.fields = check_fields(fields) if fields is not None else FIELDS if self.packing else PADDED_FIELDS
-        # A plain source is shuffled by the LCG sampler; a mixture brings its own keyed order.
-        self.sampler = source.stream_order(self.seed, shuffle=self.shuffle, num_epochs=num_epochs)
+        self.sampler = self._order(num_epochs)
         self.config = {
             "source": _source_identity(source),
             "global_batch_size": sizes.config(),
@@ -188,16 +209,29 @@ class DataLoader:
             "pad_id": self.pad_id,
             "overlong": self.overlong,
         }
+        if self.shuffle == "shards":  # only then: the fingerprints of other configs stay as they were
+            self.config["shuffle_shards"] = self.shuffle_shards
         # Without the batch size: a state is a position in a stream that the size only cuts into steps.
         self.fingerprint = json_sha256({k: v for k, v in self.config.items() if k != "global_batch_size"},
                                        compact=False)[:32]
         self._describer: list | None = None  # describe's own planner and packed cursors
         self.options = LoaderOptions(  # as given, checked: what with_shard builds another loader from
-            self.global_batch_size, self.seq_len, self.seed, self.packing, self.shuffle, num_epochs, self.num_workers,
-            self.prefetch, None if shard_index_given is None else self.shard_index,
-            None if shard_count_given is None else self.shard_count, self.packing_window, self.pad_id, overlong,
-            None if fields is None else tuple(self.fields),
+            global_batch_size=self.global_batch_size, seq_len=self.seq_len, seed=self.seed, packing=self.packing,
+            shuffle=self.shuffle, shuffle_shards=self.shuffle_shards, num_epochs=num_epochs,
+            num_workers=self.num_workers, prefetch=self.prefetch,
+            shard_index=None if shard_index_given is None else self.shard_index,
+            shard_count=None if shard_count_given is None else self.shard_count,
+            packing_window=self.packing_window, pad_id=self.pad_id, overlong=overlong,
+            fields=None if fields is None else tuple(self.fields),
         )
+
+    def _order(self, num_epochs: int | None):
+        """Stream position -> record: the LCG sampler, a mixture's own order, or the shard-group order."""
+        if self.shuffle == "shards":
+            from portable_loader.dataset.shard_order import ShardShuffle
+
+            return ShardShuffle(self.source.shard_rows, self.shuffle_shards, self.seed, num_epochs=num_epochs)
+        return self.source.stream_order(self.seed, shuffle=self.shuffle, num_epochs=num_epochs)
 
     def with_shard(self, shard_index: int, shard_count: int) -> "DataLoader":
         """The same loader for host ``shard_index`` of ``shard_count`` (same stream, other rows).
@@ -252,7 +286,7 @@ class DataLoader:
         epochs = self.num_epochs if num_epochs is None else num_epochs
         if epochs is None:
             raise ValueError("num_steps needs num_epochs: this loader's stream is endless")
-        planner = self.planner(self.source.stream_order(self.seed, shuffle=self.shuffle, num_epochs=epochs))
+        planner = self.planner(self._order(epochs))
         planner.cheap_lengths = False  # counting steps needs no over-long counts
         return planner.num_steps(estimate=estimate)
 

@@ -39,6 +39,11 @@ class _CacheSource:
     def __len__(self) -> int:
         return self._len
 
+    @property
+    def shard_rows(self) -> list[int]:
+        """Records per shard, in order (what ``shuffle="shards"`` groups by)."""
+        return [s["rows"] for s in self.manifest["shards"]]
+
     def _indices(self, indices) -> np.ndarray:
         """Indices as int64, negative ones counted from the end; IndexError for any out of range.
 
@@ -161,6 +166,20 @@ class ArrowCacheSource(_CacheSource):
             a, b = offsets[j], offsets[j + 1]
             out.append({"input_ids": all_ids[seg][a:b], "loss_mask": all_mask[seg][a:b]})
         return out
+
+    def record_at(self, i: int) -> dict:
+        """Record ``i`` (a Python int in ``[0, len)``, not checked): the cheapest single read.
+
+        Example:
+            >>> src.record_at(3)["input_ids"].size   # doctest: +SKIP
+            212
+        """
+        starts = self._seg_list
+        seg = bisect.bisect_right(starts, i) - 1
+        j = i - starts[seg]
+        offsets = self._offsets_mv[seg]
+        a, b = offsets[j], offsets[j + 1]
+        return {"input_ids": self._ids[seg][a:b], "loss_mask": self._mask[seg][a:b]}
 
     def lengths(self, indices: Sequence[int] | np.ndarray) -> np.ndarray:
         """Token counts of records, vectorized (what a packer needs before it reads anything)."""
@@ -298,11 +317,13 @@ def open_cache(path: str, verify: bool = False, *, cache_dir: str | None = None,
     Opening is O(shards), never O(rows): no per-record Python objects are built. ``verify=True`` also
     checks every shard's sha256 and names a corrupted one.
 
-    A URL (``s3://bucket/caches/text-0123...``, any fsspec protocol) is read from a local copy under
-    ``cache_dir`` (default ``$PORTABLE_LOADER_CACHE_DIR`` or ``~/.cache/portable_loader/remote``):
-    whole shards are downloaded once, each checked against the manifest's size and sha256, and local
-    copies are kept within ``cache_limit`` (bytes, or ``"10GB"``) by evicting the least recently
-    opened ones. The source's ``remote`` attribute says ``{"url", "local", "bytes_downloaded"}``.
+    A URL (``s3://bucket/caches/text-0123...``, any fsspec protocol) is read shard by shard
+    (:class:`~portable_loader.cache.lazy.RemoteCacheSource`): each shard is downloaded whole when
+    first read (or fetched ahead by the loader), checked against the manifest's size and sha256, into
+    ``cache_dir`` (default ``$PORTABLE_LOADER_CACHE_DIR`` or ``~/.cache/portable_loader/remote``),
+    which ``cache_limit`` (bytes, or ``"10GB"``) bounds by evicting the least recently opened shards
+    not in use. Downloads are always verified, so ``verify`` applies to local paths only.
+    The source's ``remote`` attribute says ``{"url", "local", "bytes_downloaded", "fetches"}``.
 
     Example:
         >>> src = open_cache(pl.precache("train.jsonl", tokenizer="tok/", format="text", out="cache/"))  # doctest: +SKIP
@@ -311,12 +332,10 @@ def open_cache(path: str, verify: bool = False, *, cache_dir: str | None = None,
         >>> src = open_cache("s3://bucket/caches/text-0123", cache_dir="/scratch/pl", cache_limit="10GB")  # doctest: +SKIP
     """
     if is_url(path):
-        from portable_loader.cache.remote import fetch_cache
+        from portable_loader.cache.lazy import RemoteCacheSource
+        from portable_loader.cache.remote import open_store
 
-        local, fetched = fetch_cache(path, cache_dir, cache_limit, storage_options)
-        src = open_cache(local, verify=verify)
-        src.remote = {"url": path, "local": local, "bytes_downloaded": fetched}
-        return src
+        return RemoteCacheSource(open_store(path, cache_dir, cache_limit, storage_options))
     path = os.fspath(path)
     manifest = read_manifest(path)
     check_shards(path, manifest, verify=verify)

@@ -5,31 +5,27 @@ Publishing uploads every shard (and the ``datasets`` metadata) under ``<out>/<fo
 openable and the rerun publishes; two machines building one key upload the same shard files (the
 records are the same for one key) and each manifest describes its own shards.
 
-Reading downloads whole shards into ``cache_dir/<name>-<hash of the URL>/``, each checked against
-the manifest's size and sha256 under a temporary name, then renamed; the local ``manifest.json`` is
-written last, so a local copy is complete or not used. Local copies are bounded by ``cache_limit``:
-the least recently opened copies are evicted to make room.
+Reading (:func:`open_store`) checks the manifest and hands the shards to a
+:class:`~portable_loader.cache.shardstore.ShardStore`, which fetches each one whole when it is
+first read, verified, into ``cache_dir/<name>-<hash of the URL>/``, within ``cache_limit``.
 
 Example:
     >>> upload_cache("/tmp/build/text-0123", "s3://bucket/caches/text-0123")     # doctest: +SKIP
-    >>> local, fetched = fetch_cache("s3://bucket/caches/text-0123", "/scratch/pl", "10GB")  # doctest: +SKIP
+    >>> store = open_store("s3://bucket/caches/text-0123", "/scratch/pl", "10GB")  # doctest: +SKIP
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import re
-import shutil
-import uuid
 
 from portable_loader.cache.manifest import MANIFEST, check_manifest
 from portable_loader.errors import CacheError
-from portable_loader.io import file_digest
+from portable_loader.cache.shardstore import ShardStore
 from portable_loader.io.remote import filesystem, join
 
-__all__ = ["upload_cache", "remote_manifest", "fetch_cache", "parse_bytes", "default_cache_dir"]
+__all__ = ["upload_cache", "remote_manifest", "open_store", "parse_bytes", "default_cache_dir"]
 
 _UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
           "kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30, "tib": 1 << 40}
@@ -96,78 +92,24 @@ def check_remote_shards(url: str, manifest: dict, storage_options: dict | None =
             )
 
 
-def _local_name(url: str) -> str:
-    return f"{url.rstrip('/').rsplit('/', 1)[-1]}-{hashlib.sha256(url.encode()).hexdigest()[:12]}"
+def open_store(url: str, cache_dir: str | None = None, cache_limit=None, storage_options: dict | None = None) -> ShardStore:
+    """The local shard store of the cache published at ``url`` (its manifest read and checked).
 
-
-def _size(folder: str) -> int:
-    return sum(os.path.getsize(os.path.join(folder, n)) for n in os.listdir(folder))
-
-
-def _evict(cache_dir: str, keep: str, need: int, limit: int) -> None:
-    """Remove the least recently opened local copies (never ``keep``) until ``need`` more bytes fit."""
-    copies = [os.path.join(cache_dir, n) for n in os.listdir(cache_dir) if not n.startswith(".")]
-    copies = [c for c in copies if os.path.isdir(c) and c != keep]
-    used = sum(_size(c) for c in copies) + (_size(keep) if os.path.isdir(keep) else 0)
-    for c in sorted(copies, key=os.path.getmtime):
-        if used + need <= limit:
-            break
-        used -= _size(c)
-        shutil.rmtree(c, ignore_errors=True)
-
-
-def fetch_cache(url: str, cache_dir: str | None = None, cache_limit=None, storage_options: dict | None = None) -> tuple[str, int]:
-    """A verified local copy of the cache at ``url``: ``(local path, bytes downloaded now)``.
-
-    A copy already there (same manifest) downloads nothing but the manifest. A shard whose bytes
-    differ from the manifest's size or sha256 is refused, naming the object.
+    Nothing but the manifest is downloaded here: shards are fetched when first read.
 
     Example:
-        >>> fetch_cache("s3://bucket/caches/text-0123", "/scratch/pl", "10GB")   # doctest: +SKIP
-        ('/scratch/pl/text-0123-5f1c2a9e0b7d', 48213)
+        >>> open_store("s3://bucket/caches/text-0123", "/scratch/pl", "10GB").local   # doctest: +SKIP
+        '/scratch/pl/text-0123-5f1c2a9e0b7d'
     """
     limit = parse_bytes(cache_limit)
     manifest = remote_manifest(url, storage_options)
     if manifest is None:
         raise CacheError(f"{join(url, MANIFEST)}: missing: not a portable_loader cache, or an unfinished upload")
+    largest = max((s["bytes"] for s in manifest["shards"]), default=0)
+    if limit is not None and largest > limit:
+        raise CacheError(f"{url}: its largest shard holds {largest} bytes, more than cache_limit={cache_limit!r} ({limit} bytes)")
     cache_dir = os.fspath(cache_dir) if cache_dir is not None else default_cache_dir()
     os.makedirs(cache_dir, exist_ok=True)
-    local = os.path.join(cache_dir, _local_name(url))
-    lmanifest = os.path.join(local, MANIFEST)
-    if os.path.isfile(lmanifest):
-        with open(lmanifest, encoding="utf-8") as f:
-            same = json.load(f).get("checksum") == manifest["checksum"]
-        if same:
-            os.utime(local)  # recently used: evicted last
-            return local, 0
-        os.remove(lmanifest)  # the remote cache was republished (--force): fetch it again
-    need = sum(s["bytes"] for s in manifest["shards"])
-    if limit is not None:
-        if need > limit:
-            raise CacheError(f"{url}: its shards hold {need} bytes, more than cache_limit={cache_limit!r} ({limit} bytes)")
-        _evict(cache_dir, local, need, limit)
-    os.makedirs(local, exist_ok=True)
-    fs, path = filesystem(url, storage_options)
-    fetched = 0
-    for shard in manifest["shards"]:
-        target = os.path.join(local, shard["file"])
-        if os.path.isfile(target) and os.path.getsize(target) == shard["bytes"] and file_digest(target) == shard["sha256"]:
-            continue  # kept from an interrupted fetch
-        tmp = f"{target}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
-        obj = join(url, shard["file"])
-        try:
-            fs.get_file(join(path, shard["file"]), tmp)
-        except FileNotFoundError:
-            raise CacheError(f"{obj}: shard missing") from None
-        size = os.path.getsize(tmp)
-        fetched += size
-        if size != shard["bytes"] or file_digest(tmp) != shard["sha256"]:
-            os.remove(tmp)
-            what = f"{size} bytes, the manifest says {shard['bytes']}" if size != shard["bytes"] else "sha256 differs from the manifest's"
-            raise CacheError(f"{obj}: {what}: the shard is truncated or altered; refused")
-        os.replace(tmp, target)
-    tmp = f"{lmanifest}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"  # two processes may fetch one cache
-    with open(tmp, "w", encoding="utf-8") as f:
-        json.dump(manifest, f, indent=2, sort_keys=True)
-    os.replace(tmp, lmanifest)
-    return local, fetched
+    store = ShardStore(url, manifest, cache_dir, limit, storage_options)
+    store.prepare()
+    return store

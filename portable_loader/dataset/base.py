@@ -65,6 +65,14 @@ class Dataset:
     filters: tuple[str, ...] = ()
 
     @property
+    def shard_rows(self) -> list[int] | None:
+        """Records per shard of a sharded source (a cache), in index order; None when not sharded.
+
+        ``DataLoader(shuffle="shards")`` groups records by these shards.
+        """
+        return None
+
+    @property
     def format(self) -> str | None:
         """The record format (``"text"``, ``"alpaca"``, ``"chat"``) when known, else None.
 

@@ -74,6 +74,7 @@ class Cache(Dataset):
     def __init__(self, cache):
         self.cache = cache
         self.fork_hazard = getattr(cache, "fork_hazard", None)
+        self.cheap_lengths = getattr(cache, "cheap_lengths", True)  # a remote cache's are not
 
     @property
     def format(self) -> str | None:
@@ -81,6 +82,10 @@ class Cache(Dataset):
 
     def __len__(self) -> int:
         return len(self.cache)
+
+    @property
+    def shard_rows(self) -> list[int]:
+        return self.cache.shard_rows
 
     def __getitems__(self, indices):
         return self.cache.__getitems__(indices)

@@ -96,6 +96,10 @@ class Map(_Transform):
         self.fork_hazard = parent.fork_hazard
         self.filters = parent.filters
 
+    @property
+    def shard_rows(self) -> list[int] | None:
+        return self.parent.shard_rows  # one record out per record in: the parent's shards
+
     def __getitems__(self, indices) -> list:
         records = self.parent.__getitems__(indices)
         out = [None if r is None else self.fn(r) for r in records]

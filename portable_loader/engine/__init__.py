@@ -2,7 +2,8 @@
 
 Every engine carries out row plans the ``Planner`` already fixed, through the same ``build_batch``,
 so the engine changes how fast batches come, never what they hold. ``start`` picks one from the
-loader's ``num_workers`` and ``prefetch``. Nothing here imports ``portable_loader.loader``.
+loader's ``num_workers`` and ``prefetch``; over a remote cache, a :class:`FetchAhead` thread
+also reserves the shards of the steps ahead (after the workers are forked). Nothing here imports ``portable_loader.loader``.
 
 Example:
     >>> from portable_loader.plan import Cursor
@@ -13,18 +14,22 @@ Example:
 
 from __future__ import annotations
 
+from portable_loader.engine.ahead import FetchAhead, remote_of
 from portable_loader.engine.inline import InlineEngine, build_batch
 from portable_loader.engine.processes import ProcessEngine
 from portable_loader.engine.threads import Producer, WorkerError, thread_engine
 from portable_loader.plan import Cursor, Planner
 
-__all__ = ["InlineEngine", "ProcessEngine", "Producer", "WorkerError", "build_batch", "start", "thread_engine"]
+__all__ = ["FetchAhead", "InlineEngine", "ProcessEngine", "Producer", "WorkerError", "build_batch", "start", "thread_engine"]
 
 
 def start(loader, planner: Planner, cursor: Cursor):
     """The engine for ``loader``'s settings, starting at ``cursor``: processes, a thread, or inline."""
     if loader.num_workers > 0:
-        return ProcessEngine(loader, planner, cursor)
-    if loader.prefetch > 0:
-        return thread_engine(loader, planner, cursor)
-    return InlineEngine(loader, planner, cursor)
+        engine = ProcessEngine(loader, planner, cursor)
+    elif loader.prefetch > 0:
+        engine = thread_engine(loader, planner, cursor)
+    else:
+        engine = InlineEngine(loader, planner, cursor)
+    remote = remote_of(loader.source)
+    return engine if remote is None else FetchAhead(engine, loader, remote, cursor)

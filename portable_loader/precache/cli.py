@@ -7,6 +7,8 @@ bundled sample). Three subcommands look after what was built::
     python -m portable_loader.precache ls [OUT] [--json]     the caches in a folder
     python -m portable_loader.precache rm CACHE [CACHE ...]  delete caches (refuses any other folder)
 
+CACHE and OUT may be URLs (``s3://bucket/caches/...``).
+
 Errors in the data, tokenizer or cache print one ``error: ...`` line and exit 1; malformed arguments
 are argparse's (usage and ``error: ...``, exit 2).
 
@@ -212,13 +214,13 @@ def _manage(argv: list[str]) -> int:
     p = _Parser(prog="python -m portable_loader.precache", formatter_class=_Help)
     sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser)
     info = sub.add_parser("info", help="a cache's rows, tokens, length histogram and build options")
-    info.add_argument("cache", help="a cache directory (the path precache printed)")
+    info.add_argument("cache", help="a cache directory or URL (what precache printed)")
     info.add_argument("--json", action="store_true", help="print cache_info()'s dict as JSON")
     ls = sub.add_parser("ls", help="the caches in a folder", formatter_class=_Help)
-    ls.add_argument("out", nargs="?", default="portable_loader_cache", help="the --out folder of precache")
+    ls.add_argument("out", nargs="?", default="portable_loader_cache", help="the --out folder or URL of precache")
     ls.add_argument("--json", action="store_true", help="print list_caches()'s list as JSON")
     rm = sub.add_parser("rm", help="delete caches (refuses any folder that is not a cache)")
-    rm.add_argument("caches", nargs="+", help="cache directories")
+    rm.add_argument("caches", nargs="+", help="cache directories or URLs")
     args = p.parse_args(argv)
     try:
         if args.command == "info":

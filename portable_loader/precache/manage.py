@@ -1,6 +1,8 @@
 """Look into and tidy a folder of caches: :func:`cache_info`, :func:`list_caches`, :func:`remove_cache`.
 
 These back the ``info``, ``ls`` and ``rm`` subcommands of ``python -m portable_loader.precache``.
+Each takes a local path or a URL (``s3://bucket/caches``): remote caches are read through their
+manifests and the store's metadata, never by downloading a shard.
 
 Example:
     >>> import portable_loader as pl
@@ -22,7 +24,9 @@ import numpy as np
 from portable_loader.cache.manifest import MANIFEST, cache_names, check_shards, read_manifest
 from portable_loader.cache.publish import _HOST
 from portable_loader.cache.readers import open_cache
+from portable_loader.cache.remote import check_remote_shards, remote_manifest
 from portable_loader.errors import CacheError
+from portable_loader.io.remote import filesystem, is_url, join
 from portable_loader.precache.lock import locked
 
 __all__ = ["cache_info", "list_caches", "remove_cache", "format_info"]
@@ -36,36 +40,49 @@ def cache_info(path: str) -> dict:
     """A cache's size and shape: rows, tokens, drops, bytes, record-length statistics, build options.
 
     ``lengths`` holds min/mean/max, the 50/90/99th percentiles and a histogram over power-of-two
-    bins (``[lo, hi)`` token counts and the number of records in each). ``options`` is the
-    configuration the cache was built with (input, tokenizer, format, max_length, ...).
+    bins (``[lo, hi)`` token counts and the number of records in each); None for a URL (the lengths
+    are in the shards, which info does not download). ``options`` is the configuration the cache was
+    built with (input, tokenizer, format, max_length, ...).
 
     Example:
         >>> info = cache_info("cache/alpaca-0123456789abcdef0123")   # doctest: +SKIP
         >>> info["rows"], info["tokens"], info["lengths"]["p50"]     # doctest: +SKIP
         (7473, 1718201, 221.0)
     """
-    src = open_cache(path)
-    m = src.manifest
-    lengths = src.lengths(np.arange(len(src)))
+    if is_url(path):
+        m, lengths = _published(path), None
+        path, name, rows, tokens = path, path.rstrip("/").rsplit("/", 1)[-1], m["counts"]["rows_out"], m["counts"].get("tokens")
+    else:
+        src = open_cache(path)
+        m = src.manifest
+        lengths = src.lengths(np.arange(len(src)))
+        path, name, rows, tokens = os.path.abspath(path), os.path.basename(os.path.abspath(path)), len(src), int(lengths.sum())
     counts = m["counts"]
     return {
-        "path": os.path.abspath(path),
-        "name": os.path.basename(os.path.abspath(path)),
+        "path": path,
+        "name": name,
         "key": m.get("key"),
         "backend": m["backend"],
         "format_version": m["format_version"],
         "created_unix": m.get("created_unix"),
-        "rows": len(src),
+        "rows": rows,
         "rows_in": counts.get("rows_in"),
         "dropped": counts.get("dropped", {}),
         "truncated": counts.get("truncated"),
-        "tokens": int(lengths.sum()),
+        "tokens": tokens,
         "trainable_tokens": counts.get("trainable_tokens"),
         "bytes": sum(s["bytes"] for s in m["shards"]),
         "shards": len(m["shards"]),
-        "lengths": _length_stats(lengths),
+        "lengths": None if lengths is None else _length_stats(lengths),
         "options": m.get("config", {}),
     }
+
+
+def _published(url: str) -> dict:
+    m = remote_manifest(url)
+    if m is None:
+        raise CacheError(f"{join(url, MANIFEST)}: missing: not a portable_loader cache, or an unfinished upload")
+    return m
 
 
 def _length_stats(lengths: np.ndarray) -> dict:
@@ -89,15 +106,18 @@ def format_info(info: dict) -> str:
     """
     s = info["lengths"]
     n = lambda v: "?" if v is None else f"{v:,}"  # noqa: E731  (counts a hand-made manifest may lack)
+    if s is None:
+        s = {"histogram": []}
     lines = [
         f"cache:    {info['path']}",
         f"backend:  {info['backend']} ({info['shards']} shards, {info['bytes']:,} bytes)",
         f"rows:     {info['rows']:,} (of {n(info['rows_in'])} input rows; dropped: "
         f"{', '.join(f'{k} {v}' for k, v in info['dropped'].items()) or 'none'}; truncated: {info['truncated']})",
-        f"tokens:   {info['tokens']:,} ({n(info['trainable_tokens'])} trained)",
-        f"length:   min {s['min']}  mean {s['mean']}  p50 {s['p50']:g}  p90 {s['p90']:g}  p99 {s['p99']:g}  max {s['max']}",
+        f"tokens:   {n(info['tokens'])} ({n(info['trainable_tokens'])} trained)",
+        f"length:   min {s['min']}  mean {s['mean']}  p50 {s['p50']:g}  p90 {s['p90']:g}  p99 {s['p99']:g}  max {s['max']}"
+        if s["histogram"] else "length:   not computed for a URL (the lengths are in the shards)",
     ]
-    widest = max(n for _, _, n in s["histogram"])
+    widest = max((n for _, _, n in s["histogram"]), default=1)
     for lo, hi, n in s["histogram"]:
         lines.append(f"  {lo:>7}-{hi - 1:<7} {'#' * round(40 * n / widest):<40} {n:,}")
     lines.append("options:")
@@ -117,16 +137,27 @@ def list_caches(out: str) -> list[dict]:
         [('chat-3f0c9a1b2d4e5f60718a', 64)]
     """
     out = os.fspath(out)
-    if not os.path.isdir(out):
+    remote = is_url(out)
+    if remote:
+        fs, base = filesystem(out)
+        names = [p.rstrip("/").rsplit("/", 1)[-1] for p in fs.ls(base, detail=False)]
+        names = [n for n in names if not n.startswith(".") and fs.exists(join(base, n, MANIFEST))]
+    elif not os.path.isdir(out):
         raise CacheError(f"{out}: no such folder")
+    else:
+        names = cache_names(out)
     found = []
-    for name in sorted(cache_names(out)):
-        path = os.path.join(out, name)
+    for name in sorted(names):
+        path = join(out, name)
         entry = {"name": name, "path": path, "format": name.split("-", 1)[0], "rows": None, "tokens": None,
                  "bytes": None, "created_unix": None, "error": None}
         try:
-            m = read_manifest(path)
-            check_shards(path, m)
+            if remote:
+                m = _published(path)
+                check_remote_shards(path, m)
+            else:
+                m = read_manifest(path)
+                check_shards(path, m)
         except CacheError as e:
             entry["error"] = str(e)
         else:
@@ -146,6 +177,8 @@ def remove_cache(path: str) -> None:
     Example:
         >>> remove_cache("cache/text-0123456789abcdef0123")   # doctest: +SKIP
     """
+    if is_url(path):
+        return _remove_published(path)
     path = os.path.abspath(os.fspath(path))
     if not os.path.isdir(path):
         raise CacheError(f"{path}: no such cache directory")
@@ -160,3 +193,17 @@ def remove_cache(path: str) -> None:
         trash = os.path.join(out, f".trash-{name}-{_HOST}-{os.getpid()}-{uuid.uuid4().hex[:8]}")
         os.rename(path, trash)
         shutil.rmtree(trash)
+
+
+def _remove_published(url: str) -> None:
+    """Delete a cache in a bucket: its manifest first (then nothing can open it), then its shards."""
+    fs, path = filesystem(url)
+    if not fs.exists(join(path, MANIFEST)):
+        raise CacheError(f"{url}: not a portable_loader cache (no {MANIFEST}); nothing removed")
+    names = sorted(p[len(path.rstrip("/")) + 1:] for p in fs.find(path))
+    others = [n for n in names if not _CACHE_FILE.fullmatch(n)]
+    if others:
+        shown = ", ".join(others[:5]) + (", ..." if len(others) > 5 else "")
+        raise CacheError(f"{url}: holds objects that precache did not write ({shown}); nothing removed")
+    fs.rm(join(path, MANIFEST))
+    fs.rm([join(path, n) for n in names if n != MANIFEST])
