@@ -7,7 +7,7 @@ bounded by ``cache_limit``: a cache larger than the limit can be read. Each proc
 each worker) keeps up to ``max_open`` shards open (default: as many as ``cache_limit`` holds), each pinned (in use: no process evicts it); when
 a fetch lacks room, the process closes the open shards its current read does not need, and asks
 the other processes to do the same (they do at their next read). ``reserve``/``release`` are what the loader's fetch-ahead
-thread (:mod:`portable_loader.engine.ahead`) uses to fetch the next steps' shards and keep them.
+thread (:mod:`portable_loader.engine.fetch_ahead`) uses to fetch the next steps' shards and keep them.
 
 Example:
     >>> src = open_cache("s3://b/caches/chat-0123", cache_dir="/scratch/pl", cache_limit="3GB")  # doctest: +SKIP

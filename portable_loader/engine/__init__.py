@@ -14,7 +14,7 @@ Example:
 
 from __future__ import annotations
 
-from portable_loader.engine.ahead import FetchAhead, remote_of
+from portable_loader.engine.fetch_ahead import FetchAhead, remote_of
 from portable_loader.engine.inline import InlineEngine, build_batch
 from portable_loader.engine.processes import ProcessEngine
 from portable_loader.engine.threads import Producer, WorkerError, thread_engine
