@@ -156,3 +156,23 @@ def test_spill_files_are_immutable_and_a_reader_forgets_removed_ones(tmp_path):
     assert np.array_equal(reader.read([5])[5][1], rec[5][1])
     owner.close()
     assert not os.path.exists(owner.dir)
+
+
+def test_a_gz_input_is_decompressed_once_into_a_private_file_removed_with_its_table(tmp_path):
+    import gc
+    import gzip
+
+    from portable_loader.io import open_inputs
+
+    rows = [{"text": f"row {i} " + "z" * (i % 7)} for i in range(300)] + [{"text": ""}]
+    plain, packed = jsonl(tmp_path / "d.jsonl", rows), jsonl(tmp_path / "d.jsonl.gz", rows)
+    want, table = open_inputs(plain), open_inputs(packed)
+    picks = [299, 3, 150, 4, 151]
+    assert table.get(picks) == want.get(picks)
+    copy = table._plain
+    assert os.path.getsize(copy) == len(gzip.decompress(packed.read_bytes()))
+    packed.unlink()  # later reads touch the copy only
+    assert table.get([7, 298]) == want.get([7, 298])
+    del table
+    gc.collect()
+    assert not os.path.exists(copy)

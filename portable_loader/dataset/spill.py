@@ -25,48 +25,24 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
-import uuid
-import weakref
 
 import numpy as np
+
+from portable_loader import lifecycle
 
 __all__ = ["Spill"]
 
 KEEP = 8  # files the main process's own writes keep (windows it tokenized for their lengths)
 _PREFIX = "portable_loader-tokenized-"
-_swept = False
 
 
 def _base() -> str:
     return "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else tempfile.gettempdir()
 
 
-def _remove(folder: str, owner: int) -> None:
-    if os.getpid() == owner:  # a forked worker inherits the finalizer: only the owner removes the folder
-        shutil.rmtree(folder, ignore_errors=True)
-
-
 def sweep_stale() -> list[str]:
-    """Remove spill folders of this user whose main process is gone (a ``kill -9`` runs no cleanup).
-
-    Example:
-        >>> sweep_stale()   # doctest: +SKIP
-        ['/dev/shm/portable_loader-tokenized-4242-0123456789ab']
-    """
-    from portable_loader.cache import pid_alive
-
-    base, removed = _base(), []
-    for name in os.listdir(base):
-        pid = name[len(_PREFIX) :].split("-", 1)[0] if name.startswith(_PREFIX) else ""
-        path = os.path.join(base, name)
-        try:
-            mine = os.stat(path).st_uid == os.geteuid()
-        except OSError:
-            continue
-        if pid.isdigit() and mine and not pid_alive(int(pid)):
-            shutil.rmtree(path, ignore_errors=True)
-            removed.append(path)
-    return removed
+    """Remove spill folders of this user whose main process is gone (see :func:`portable_loader.lifecycle.sweep_stale`)."""
+    return lifecycle.sweep_stale(_base(), _PREFIX)
 
 
 class Spill:
@@ -77,15 +53,10 @@ class Spill:
     """
 
     def __init__(self, folder: str | None = None):
-        global _swept
-        if folder is None and not _swept:
-            _swept = True
-            sweep_stale()
-        self.dir = folder or os.path.join(_base(), f"{_PREFIX}{os.getpid()}-{uuid.uuid4().hex[:12]}")
+        self.dir = folder or lifecycle.private_path(_base(), _PREFIX, owner=self)
         self.count = 0
         self._seen: set[str] = set()
         self._files: dict[str, dict] = {}  # reader: {name: {record: (ids, mask)}} of files still published
-        self._cleanup = None if folder else weakref.finalize(self, _remove, self.dir, os.getpid())
 
     def write(self, records: dict, name: str | None = None) -> None:
         """Publish ``{index: (ids int32, mask uint8)}`` as one file called ``name``.
@@ -166,8 +137,7 @@ class Spill:
 
     def close(self) -> None:
         """Remove the owner's folder (also done when the owner is garbage-collected or at exit)."""
-        if self._cleanup is not None:
-            self._cleanup()
+        self.clear()
 
     def __getstate__(self):  # to a spawned worker: a reader of the same folder
-        return {"dir": self.dir, "count": 0, "_seen": set(), "_files": {}, "_cleanup": None}
+        return {"dir": self.dir, "count": 0, "_seen": set(), "_files": {}}
