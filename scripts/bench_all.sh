@@ -23,6 +23,7 @@ declare -A QUICK_ARGS=(
   [loader]="--records 20000 --steps 200 --rounds 3"
   [torch]="--steps 10 --batch 16"
   [jax]="--steps 10 --batch 16"
+  [tokenized]="--rows 2000"
 )
 if [ $# -gt 0 ]; then names=("$@"); else
   names=(); for f in scripts/bench_*.py; do n=${f#scripts/bench_}; names+=("${n%.py}"); done
