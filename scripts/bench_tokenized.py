@@ -6,8 +6,9 @@
 Each measurement runs in a fresh interpreter (so its RSS is its own): on one input of ``--rows``
 text rows (the c4 demo rows repeated, each with its number appended),
 
-* the tokenizer's own rate: ``tokenizers.Tokenizer.encode_batch`` over the same texts, one thread
-  (``TOKENIZERS_PARALLELISM=false``), in tokens/s: the per-core ceiling, measured before each run;
+* the tokenizer's own rate on the cores a contender uses: ``tokenizers.Tokenizer.encode_batch``
+  over the same texts, one thread each (``TOKENIZERS_PARALLELISM=false``), in as many processes at
+  once as the contender uses cores, their tokens/s summed; measured right before each contender;
 * ``pl.tokenized`` + ``DataLoader(packing=True)``, 8x2048 batches, for each ``--workers``: seconds
   from ``pl.tokenized(...)`` to the first batch, real tokens/s over one epoch (from the first
   ``next``, so every window's tokenization counts), and the main process's peak RSS;
@@ -16,13 +17,14 @@ text rows (the c4 demo rows repeated, each with its number appended),
 * ``datasets``: ``load_dataset("json", streaming=True).map(tokenize, batched=True)`` and a greedy
   packing collator making the same 8x2048 batches, one process.
 
-The ratio compares a loader's tokens/s with the single-thread rate (measured just before it, in
-its own interpreter) times the cores it uses: its worker count (1 for ``num_workers=0`` and for
-``datasets``, whose one process may still use the Rust encoder's threads on every CPU; the table
-also gives the ratio against all CPUs). On a shared machine a process gets a varying share of a
-core, so the table also compares CPU time, which load does not change: the loader's real tokens
-per CPU-second (main process and workers) over the tokenizer's tokens per CPU-second. Writes ``docs/bench/tokenized.csv`` and ``.svg``
-(``--csv``/``--svg``); prints a Markdown table.
+The ratio compares a loader's tokens/s with that rate. Cores used: the worker count (1 for
+``num_workers=0`` and for ``datasets``, whose one process may still use the Rust encoder's threads
+on every CPU). The reference processes run side by side, so on a loaded machine they get the share
+of the CPUs that as many workers get; the load still drifts between the two measurements, so every
+contender runs ``--rounds`` times and each row is the round with the median ratio. The table also
+compares CPU time, which the load barely changes: the loader's real tokens per CPU-second (main
+process and workers) over the tokenizer's tokens per CPU-second. Writes ``docs/bench/tokenized.csv``
+and ``.svg`` (``--csv``/``--svg``); prints a Markdown table.
 """
 
 from __future__ import annotations
@@ -160,6 +162,19 @@ def run_one(args, *extra) -> dict:
     return json.loads(out.strip().splitlines()[-1])
 
 
+def tokenizer_rate(args, procs: int) -> dict:
+    """The tokenizer's own rate on ``procs`` cores: that many one-thread processes at once, summed.
+
+    Run side by side, they get the share of a loaded machine that as many loader workers get.
+    """
+    cmd = [sys.executable, os.path.abspath(__file__), "--one", "tokenizer", "--data", args.data, "--tokenizer", args.tokenizer]
+    running = [subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True) for _ in range(procs)]
+    outs = [json.loads(p.communicate()[0].strip().splitlines()[-1]) for p in running]
+    assert all(p.returncode == 0 for p in running)
+    return {"tokens_per_s": sum(o["tokens_per_s"] for o in outs),
+            "tokens_per_cpu_s": sum(o["tokens_per_cpu_s"] for o in outs) / procs}
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--rows", type=int, default=10_000)
@@ -194,34 +209,34 @@ def main() -> None:
         for _ in range(args.rounds):
             for k, (data, extra) in enumerate(runs):
                 args.data = plain
-                own = run_one(args, "tokenizer")
+                used = max(int(extra[1]), 1) if extra[0] == "loader" else 1
+                own = tokenizer_rate(args, used)
                 args.data = data
                 r = run_one(args, *extra)
                 if data.endswith(".gz"):
                     r["name"] += ", .jsonl.gz input"
-                r.update(rate_1_thread=own["tokens_per_s"], rate_cpu=own["tokens_per_cpu_s"])
-                r["ratio"] = r["tokens_per_s"] / (r["rate_1_thread"] * r["cores"])
-                r["ratio_all_cpus"] = r["tokens_per_s"] / (r["rate_1_thread"] * cores())
+                r.update(rate_cores=own["tokens_per_s"], rate_cpu=own["tokens_per_cpu_s"])
+                r["ratio"] = r["tokens_per_s"] / r["rate_cores"]
                 r["ratio_cpu"] = r["tokens_per_cpu_s"] / r["rate_cpu"]
                 rounds[k].append(r)
     results = [sorted(rs, key=lambda r: r["ratio"])[len(rs) // 2] for rs in rounds]
     peer = results[-1]["tokens_per_s"]
     print(f"rows: {args.rows}; tokenizer: {os.path.basename(args.tokenizer)}; {BATCH}x{SEQ} batches; cpus: {cores()}; "
           f"median of {args.rounds} rounds; load average now: {os.getloadavg()[0]:.1f}\n")
-    print("| loader | first batch (s) | tokens/s | 1-thread tokenizer tokens/s | cores used | x (rate x cores used) "
-          f"| x (rate x {cores()} cpus) | x per CPU-second | / datasets | main RSS (MiB) |")
-    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    print("| loader | first batch (s) | tokens/s | tokenizer tokens/s on the cores used | cores used | "
+          "x (tokenizer x cores used) | x per CPU-second | / datasets | main RSS (MiB) |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
     for r in results:
-        print(f"| {r['name']} | {r['first_batch_s']:.2f} | {r['tokens_per_s']:,.0f} | {r['rate_1_thread']:,.0f} | "
-              f"{r['cores']} | {r['ratio']:.2f} | {r['ratio_all_cpus']:.2f} | {r['ratio_cpu']:.2f} | {r['tokens_per_s'] / peer:.2f} | "
+        print(f"| {r['name']} | {r['first_batch_s']:.2f} | {r['tokens_per_s']:,.0f} | {r['rate_cores']:,.0f} | "
+              f"{r['cores']} | {r['ratio']:.2f} | {r['ratio_cpu']:.2f} | {r['tokens_per_s'] / peer:.2f} | "
               f"{r['main_rss_mib']:.0f} |")
-    header = ["loader", "first_batch_s", "tokens_per_s", "tokenizer_1_thread_tokens_per_s", "cores_used",
-              "x_rate_cores_used", "x_rate_all_cpus", "x_per_cpu_second", "x_datasets", "main_rss_mib"]
-    write_table(args, header, [[r["name"], r["first_batch_s"], r["tokens_per_s"], r["rate_1_thread"], r["cores"],
-                                r["ratio"], r["ratio_all_cpus"], r["ratio_cpu"], r["tokens_per_s"] / peer, r["main_rss_mib"]]
+    header = ["loader", "first_batch_s", "tokens_per_s", "tokenizer_tokens_per_s_on_cores_used", "cores_used",
+              "x_tokenizer_cores_used", "x_per_cpu_second", "x_datasets", "main_rss_mib"]
+    write_table(args, header, [[r["name"], r["first_batch_s"], r["tokens_per_s"], r["rate_cores"], r["cores"],
+                                r["ratio"], r["ratio_cpu"], r["tokens_per_s"] / peer, r["main_rss_mib"]]
                                for r in results])
     bar_svg(args, f"tokenize on read: {args.rows} c4 rows, {os.path.basename(args.tokenizer)}, {BATCH}x{SEQ} batches; "
-            "value = loader tokens/s / (1-thread tokenizer rate x cores used)",
+            "value = loader tokens/s / (tokenizer's one-thread rate x cores used)",
             [r["name"] for r in results], [r["ratio"] for r in results], "x (tokenizer's own rate x cores used)",
             highlight=[r["name"] for r in results if r["name"].startswith("pl.")])
 

@@ -70,6 +70,9 @@ def tokenized(input, *, tokenizer: str, format: str, memo_tokens: int = 1 << 21,
 class Tokenized(Dataset):
     """Rows of an input table, tokenized when read; made by :func:`tokenized`.
 
+    ``dropped`` (a ``Counter`` by reason) and ``encoded`` (records tokenized) count what this
+    process did: with loader workers, the main process's ``encoded`` stays 0.
+
     Example:
         >>> ds = tokenized("train.jsonl", tokenizer="gpt2/", format="text")  # doctest: +SKIP
         >>> ds.lengths([0, 1])                                                # doctest: +SKIP
