@@ -176,3 +176,22 @@ def test_a_gz_input_is_decompressed_once_into_a_private_file_removed_with_its_ta
     del table
     gc.collect()
     assert not os.path.exists(copy)
+
+
+def test_from_the_second_epoch_nothing_is_sent_ahead(monkeypatch):
+    from portable_loader.engine import ahead, processes
+
+    sent = []
+
+    class Recording(ahead.Ahead):  # the real one, recording the blocks it sends
+        def __init__(self, *args, send, **kwargs):
+            super().__init__(*args, send=lambda j, task: (sent.append(task[0][1]), send(j, task)), **kwargs)
+
+    monkeypatch.setattr(processes, "Ahead", Recording)
+    kw = dict(global_batch_size=4, seq_len=256, packing=True, packing_window=20, num_workers=2, num_epochs=2)
+    with iter(pl.DataLoader(c4(), **kw)) as it:
+        for _ in it:  # blocks in flight stay few: none is kept that has nothing to answer
+            assert it._engine is None or len(it._engine._ahead._pending) <= ahead.AHEAD_BLOCKS + 1
+    # 160 records: 8 windows an epoch. Every window of the first is sent; of the second, only the
+    # first AHEAD_BLOCKS may be (sent while the first epoch's last lengths were still unknown).
+    assert set(range(8)) <= set(sent) and max(sent) <= 7 + ahead.AHEAD_BLOCKS

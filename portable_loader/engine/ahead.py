@@ -80,7 +80,8 @@ class Ahead:
                     name = f"{self._tag}-{b}-{j}"
                     self._send(j, (("ahead", b, j), (part, name)))
                     parts.append((j, part, name))
-            self._pending[b] = parts
+            if parts:  # none from the second epoch on: every length is known
+                self._pending[b] = parts
             self._next += 1
 
     def lengths(self, recs: np.ndarray) -> np.ndarray:
