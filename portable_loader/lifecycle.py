@@ -24,10 +24,13 @@ from __future__ import annotations
 
 import atexit
 import itertools
+import os
+import shutil
 import threading
+import uuid
 import weakref
 
-__all__ = ["Closing", "close_at_exit", "close_all", "hook_last"]
+__all__ = ["Closing", "close_at_exit", "close_all", "hook_last", "private_path", "sweep_stale"]
 
 # Live closables and the order they were registered in: the exit hook closes the newest first, so an
 # adapter (registered after the iterator it creates) stops its thread before the iterator's workers.
@@ -104,3 +107,70 @@ def close_all() -> None:
             obj.close()
         except Exception:  # noqa: BLE001 - one loader failing to close must not keep the others open
             pass
+
+
+# --- scratch files of one process -----------------------------------------------------------------
+
+
+def _remove_path(path: str, owner: int) -> None:
+    if os.getpid() != owner:  # a forked child inherits the finalizer: only the owner removes
+        return
+    if os.path.isdir(path):
+        shutil.rmtree(path, ignore_errors=True)
+    else:
+        try:
+            os.unlink(path)
+        except FileNotFoundError:
+            pass
+
+
+def private_path(base: str, prefix: str, owner=None) -> str:
+    """A new path ``base/prefix{pid}-{random}`` that this process owns: removed (file or folder) when
+    ``owner`` is garbage-collected, or at exit; one left by a killed process is removed by the next
+    call with the same ``base`` and ``prefix`` (:func:`sweep_stale`).
+
+    Example:
+        >>> import tempfile
+        >>> path = private_path(tempfile.gettempdir(), "portable_loader-doc-")
+        >>> os.path.basename(path).startswith(f"portable_loader-doc-{os.getpid()}-")
+        True
+    """
+    if (base, prefix) not in _swept:
+        _swept.add((base, prefix))
+        sweep_stale(base, prefix)
+    path = os.path.join(base, f"{prefix}{os.getpid()}-{uuid.uuid4().hex[:12]}")
+    if owner is None:
+        atexit.register(_remove_path, path, os.getpid())
+    else:
+        weakref.finalize(owner, _remove_path, path, os.getpid())  # also runs at exit
+    return path
+
+
+_swept: set = set()
+
+
+def sweep_stale(base: str, prefix: str) -> list[str]:
+    """Remove ``base/prefix{pid}-*`` of this user whose process is gone (a ``kill -9`` runs no cleanup).
+
+    Example:
+        >>> sweep_stale("/dev/shm", "portable_loader-tokenized-")   # doctest: +SKIP
+        ['/dev/shm/portable_loader-tokenized-4242-0123456789ab']
+    """
+    from portable_loader.cache import pid_alive
+
+    removed = []
+    try:
+        names = os.listdir(base)
+    except OSError:
+        return removed
+    for name in names:
+        pid = name[len(prefix) :].split("-", 1)[0] if name.startswith(prefix) else ""
+        path = os.path.join(base, name)
+        try:
+            mine = os.lstat(path).st_uid == os.geteuid()
+        except OSError:
+            continue
+        if pid.isdigit() and mine and not pid_alive(int(pid)):
+            _remove_path(path, os.getpid())
+            removed.append(path)
+    return removed

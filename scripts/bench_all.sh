@@ -25,6 +25,7 @@ declare -A QUICK_ARGS=(
   [jax]="--steps 10 --batch 16"
   [describe]="--steps 400 --rounds 2"
   [remote]="--shards 8 --rows 40 --steps 100"
+  [tokenized]="--rows 2000"
 )
 if [ $# -gt 0 ]; then names=("$@"); else
   names=(); for f in scripts/bench_*.py; do n=${f#scripts/bench_}; names+=("${n%.py}"); done

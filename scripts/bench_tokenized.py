@@ -1,38 +1,47 @@
 """Benchmark: ``pl.tokenized`` (tokenize on read) against the tokenizer's own rate and ``datasets`` streaming.
 
-    python scripts/bench_tokenized.py                          # 10k c4 rows, phi-3-mini, workers 0 1 2
-    python scripts/bench_tokenized.py --rows 10000 --workers 0 2 4
+    python scripts/bench_tokenized.py                          # 10k c4 rows, phi-3-mini, workers 0 2, 3 rounds
+    python scripts/bench_tokenized.py --rows 10000 --workers 0 2 4 --rounds 1
 
 Each measurement runs in a fresh interpreter (so its RSS is its own): on one input of ``--rows``
 text rows (the c4 demo rows repeated, each with its number appended),
 
-* the tokenizer's own rate: ``tokenizers.Tokenizer.encode_batch`` over the same texts, one thread
-  (``TOKENIZERS_PARALLELISM=false``), in tokens/s: the per-core ceiling, measured before each run;
+* the tokenizer's own rate on the cores a contender uses: ``tokenizers.Tokenizer.encode_batch``
+  over the same texts, one thread each (``TOKENIZERS_PARALLELISM=false``), in as many processes at
+  once as the contender uses cores, their tokens/s summed; measured right before each contender;
 * ``pl.tokenized`` + ``DataLoader(packing=True)``, 8x2048 batches, for each ``--workers``: seconds
   from ``pl.tokenized(...)`` to the first batch, real tokens/s over one epoch (from the first
   ``next``, so every window's tokenization counts), and the main process's peak RSS;
-* the same, padded (one record per row, cut to 2048): no lengths are needed ahead, so the workers
-  alone tokenize;
+* the same, padded (one record per row, cut to 2048);
+* packed with the most workers over the same rows gzipped (``.jsonl.gz``: no seeking);
 * ``datasets``: ``load_dataset("json", streaming=True).map(tokenize, batched=True)`` and a greedy
   packing collator making the same 8x2048 batches, one process.
 
-The ratio compares a loader's tokens/s with the single-thread rate (measured just before it, in
-its own interpreter) times the CPUs available: every contender may use them all (the main
-process's Rust encoder threads, the loader's workers). Writes
-``docs/bench_tokenized.json`` and ``docs/bench_tokenized.svg``; prints a Markdown table.
+The ratio compares a loader's tokens/s with that rate. Cores used: the worker count (1 for
+``num_workers=0`` and for ``datasets``, whose one process may still use the Rust encoder's threads
+on every CPU). The reference processes run side by side, so on a loaded machine they get the share
+of the CPUs that as many workers get; the load still drifts between the two measurements, so every
+contender runs ``--rounds`` times and each row is the round with the median ratio. The table also
+compares CPU time, which the load barely changes: the loader's real tokens per CPU-second (main
+process and workers) over the tokenizer's tokens per CPU-second. Writes ``docs/bench/tokenized.csv``
+and ``.svg`` (``--csv``/``--svg``); prints a Markdown table.
 """
 
 from __future__ import annotations
 
 import argparse
+import gzip
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(ROOT, "scripts"))
+from benchlib import add_output_args, bar_svg, machine, write_table  # noqa: E402
 DATA = os.path.join(os.path.dirname(ROOT), "shared", "data")
 BATCH, SEQ = 8, 2048
 
@@ -61,9 +70,16 @@ def one_tokenizer(data: str, tokenizer: str) -> dict:
         texts = [json.loads(line)["text"] for line in f]
     tok = Tokenizer.from_file(os.path.join(tokenizer, "tokenizer.json"))
     tok.encode_batch(texts[:64])  # warm up
-    t = time.perf_counter()
+    t, cpu = time.perf_counter(), cpu_seconds()
     tokens = sum(len(e.ids) for e in tok.encode_batch(texts))
-    return {"name": "tokenizers encode_batch (1 thread)", "tokens_per_s": tokens / (time.perf_counter() - t), "tokens": tokens}
+    return {"name": "tokenizers encode_batch (1 thread)", "tokens_per_s": tokens / (time.perf_counter() - t),
+            "tokens_per_cpu_s": tokens / (cpu_seconds() - cpu), "tokens": tokens}
+
+
+def cpu_seconds() -> float:
+    """CPU time of this process and of its children that ended (a loader's workers, once closed)."""
+    t = os.times()
+    return t.user + t.system + t.children_user + t.children_system
 
 
 def cores() -> int:
@@ -74,7 +90,7 @@ def cores() -> int:
 def real_tokens(batch) -> int:
     import numpy as np
 
-    return int(np.count_nonzero(np.asarray(batch["segment_ids"])))
+    return int(np.count_nonzero(np.asarray(batch["attention_mask" if "attention_mask" in batch else "segment_ids"])))
 
 
 def one_loader(data: str, tokenizer: str, workers: int, packing: bool = True) -> dict:
@@ -84,18 +100,20 @@ def one_loader(data: str, tokenizer: str, workers: int, packing: bool = True) ->
     ds = pl.tokenized(data, tokenizer=tokenizer, format="text", max_length=SEQ, overlong="truncate")
     loader = pl.DataLoader(ds, global_batch_size=BATCH, seq_len=SEQ, packing=packing, num_workers=workers, seed=0, num_epochs=1)
     with iter(loader) as it:
-        t_ready = time.perf_counter()
+        t_ready, cpu = time.perf_counter(), cpu_seconds()
         first = next(it)
         t_first = time.perf_counter() - t0
         tokens = real_tokens(first)
         for batch in it:  # the whole epoch: every packing window tokenized
             tokens += real_tokens(batch)
         seconds = time.perf_counter() - t_ready
+    cpu = cpu_seconds() - cpu  # the workers' too: they ended with the with block
     assert first["input_ids"].shape == (BATCH, SEQ)
     return {
         "name": f"pl.tokenized, {'packed' if packing else 'padded'}, num_workers={workers}", "workers": workers,
-        "first_batch_s": t_first, "tokens_per_s": tokens / seconds, "main_rss_mib": peak_rss_mib(),
-        "cores": cores(),
+        "first_batch_s": t_first, "tokens_per_s": tokens / seconds, "tokens_per_cpu_s": tokens / cpu,
+        "main_rss_mib": peak_rss_mib(),
+        "cores": max(workers, 1),
     }
 
 
@@ -128,13 +146,14 @@ def one_datasets(data: str, tokenizer: str) -> dict:
                     rows = []
             row += ids
 
-    t_ready = time.perf_counter()
+    t_ready, cpu = time.perf_counter(), cpu_seconds()
     it = batches()
     tokens = real_tokens(next(it))
     t_first = time.perf_counter() - t0
     tokens += sum(real_tokens(b) for b in it)
     return {"name": "datasets streaming .map + packing collator", "workers": 0, "first_batch_s": t_first,
-            "tokens_per_s": tokens / (time.perf_counter() - t_ready), "main_rss_mib": peak_rss_mib(), "cores": cores()}
+            "tokens_per_s": tokens / (time.perf_counter() - t_ready), "tokens_per_cpu_s": tokens / (cpu_seconds() - cpu),
+            "main_rss_mib": peak_rss_mib(), "cores": 1}
 
 
 def run_one(args, *extra) -> dict:
@@ -143,12 +162,26 @@ def run_one(args, *extra) -> dict:
     return json.loads(out.strip().splitlines()[-1])
 
 
+def tokenizer_rate(args, procs: int) -> dict:
+    """The tokenizer's own rate on ``procs`` cores: that many one-thread processes at once, summed.
+
+    Run side by side, they get the share of a loaded machine that as many loader workers get.
+    """
+    cmd = [sys.executable, os.path.abspath(__file__), "--one", "tokenizer", "--data", args.data, "--tokenizer", args.tokenizer]
+    running = [subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True) for _ in range(procs)]
+    outs = [json.loads(p.communicate()[0].strip().splitlines()[-1]) for p in running]
+    assert all(p.returncode == 0 for p in running)
+    return {"tokens_per_s": sum(o["tokens_per_s"] for o in outs),
+            "tokens_per_cpu_s": sum(o["tokens_per_cpu_s"] for o in outs) / procs}
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--rows", type=int, default=10_000)
     p.add_argument("--tokenizer", default=os.path.join(DATA, "tokenizers", "phi-3-mini"))
-    p.add_argument("--workers", type=int, nargs="+", default=[0, 1, 2])
-    p.add_argument("--out", default=os.path.join(ROOT, "docs", "bench_tokenized"))
+    p.add_argument("--workers", type=int, nargs="+", default=[0, 2])
+    p.add_argument("--rounds", type=int, default=3, help="runs of every contender; each row is the median")
+    add_output_args(p, "tokenized")
     p.add_argument("--one", nargs="+", help=argparse.SUPPRESS)
     p.add_argument("--data", help=argparse.SUPPRESS)
     args = p.parse_args()
@@ -162,43 +195,50 @@ def main() -> None:
             result = one_loader(args.data, args.tokenizer, int(args.one[1]), args.one[2] == "packed")
         print(json.dumps(result))
         return
+    print(machine())
     with tempfile.TemporaryDirectory() as tmp:
-        args.data = os.path.join(tmp, "rows.jsonl")
-        make_input(args.data, args.rows)
-        results = []
-        # The one-thread rate is measured right before each run (a shared machine's load drifts).
-        for extra in [("loader", str(w), mode) for mode in ("packed", "padded") for w in args.workers] + [("datasets",)]:
-            rate = run_one(args, "tokenizer")["tokens_per_s"]
-            results.append(dict(run_one(args, *extra), rate_1_thread=rate))
+        plain = os.path.join(tmp, "rows.jsonl")
+        make_input(plain, args.rows)
+        with open(plain, "rb") as f, gzip.open(plain + ".gz", "wb") as g:
+            shutil.copyfileobj(f, g)
+        runs = [(plain, ("loader", str(w), mode)) for mode in ("packed", "padded") for w in args.workers]
+        runs += [(plain + ".gz", ("loader", str(max(args.workers)), "packed")), (plain, ("datasets",))]
+        rounds = [[] for _ in runs]
+        # The one-thread rate is measured right before each run, and every contender runs once per
+        # round: a shared machine's load drifts, so each row is the round with the median ratio.
+        for _ in range(args.rounds):
+            for k, (data, extra) in enumerate(runs):
+                args.data = plain
+                used = max(int(extra[1]), 1) if extra[0] == "loader" else 1
+                own = tokenizer_rate(args, used)
+                args.data = data
+                r = run_one(args, *extra)
+                if data.endswith(".gz"):
+                    r["name"] += ", .jsonl.gz input"
+                r.update(rate_cores=own["tokens_per_s"], rate_cpu=own["tokens_per_cpu_s"])
+                r["ratio"] = r["tokens_per_s"] / r["rate_cores"]
+                r["ratio_cpu"] = r["tokens_per_cpu_s"] / r["rate_cpu"]
+                rounds[k].append(r)
+    results = [sorted(rs, key=lambda r: r["ratio"])[len(rs) // 2] for rs in rounds]
+    peer = results[-1]["tokens_per_s"]
+    print(f"rows: {args.rows}; tokenizer: {os.path.basename(args.tokenizer)}; {BATCH}x{SEQ} batches; cpus: {cores()}; "
+          f"median of {args.rounds} rounds; load average now: {os.getloadavg()[0]:.1f}\n")
+    print("| loader | first batch (s) | tokens/s | tokenizer tokens/s on the cores used | cores used | "
+          "x (tokenizer x cores used) | x per CPU-second | / datasets | main RSS (MiB) |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
     for r in results:
-        r["ratio"] = r["tokens_per_s"] / (r["rate_1_thread"] * r["cores"])
-    print(f"rows: {args.rows}; tokenizer: {os.path.basename(args.tokenizer)}; {BATCH}x{SEQ} batches; cpus: {cores()}\n")
-    print("| loader | first batch (s) | tokens/s | 1-thread tokenizer tokens/s | cores | x (rate x cores) | main RSS (MiB) |")
-    print("|---|---:|---:|---:|---:|---:|---:|")
-    for r in results:
-        print(f"| {r['name']} | {r['first_batch_s']:.2f} | {r['tokens_per_s']:,.0f} | {r['rate_1_thread']:,.0f} | "
-              f"{r['cores']} | {r['ratio']:.2f} | {r['main_rss_mib']:.0f} |")
-    with open(args.out + ".json", "w") as f:
-        json.dump({"rows": args.rows, "tokenizer": os.path.basename(args.tokenizer), "results": results}, f, indent=1)
-    plot(results, args.out + ".svg")
-
-
-def plot(results: list, path: str) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(7, 3.2))
-    names = [r["name"] for r in results]
-    ax.barh(names, [r["tokens_per_s"] for r in results], color="#4c78a8", label="loader tokens/s")
-    ax.barh(names, [r["rate_1_thread"] * r["cores"] for r in results], fill=False, edgecolor="#e45756",
-            label="tokenizer 1-thread rate x cores")
-    ax.set_xlabel("real tokens per second (8x2048 packed)")
-    ax.legend(loc="lower right", fontsize=8)
-    ax.invert_yaxis()
-    fig.tight_layout()
-    fig.savefig(path)
+        print(f"| {r['name']} | {r['first_batch_s']:.2f} | {r['tokens_per_s']:,.0f} | {r['rate_cores']:,.0f} | "
+              f"{r['cores']} | {r['ratio']:.2f} | {r['ratio_cpu']:.2f} | {r['tokens_per_s'] / peer:.2f} | "
+              f"{r['main_rss_mib']:.0f} |")
+    header = ["loader", "first_batch_s", "tokens_per_s", "tokenizer_tokens_per_s_on_cores_used", "cores_used",
+              "x_tokenizer_cores_used", "x_per_cpu_second", "x_datasets", "main_rss_mib"]
+    write_table(args, header, [[r["name"], r["first_batch_s"], r["tokens_per_s"], r["rate_cores"], r["cores"],
+                                r["ratio"], r["ratio_cpu"], r["tokens_per_s"] / peer, r["main_rss_mib"]]
+                               for r in results])
+    bar_svg(args, f"tokenize on read: {args.rows} c4 rows, {os.path.basename(args.tokenizer)}, {BATCH}x{SEQ} batches; "
+            "value = loader tokens/s / (tokenizer's one-thread rate x cores used)",
+            [r["name"] for r in results], [r["ratio"] for r in results], "x (tokenizer's own rate x cores used)",
+            highlight=[r["name"] for r in results if r["name"].startswith("pl.")])
 
 
 if __name__ == "__main__":

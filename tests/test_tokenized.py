@@ -182,19 +182,29 @@ def test_load_tokenizer_matches_autotokenizer_without_importing_torch():
     assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip() == "False"
 
 
-def test_windows_tokenized_for_lengths_reach_workers_without_a_second_tokenization(tmp_path):
+def test_windows_the_main_process_tokenizes_reach_workers_without_a_second_tokenization(tmp_path):
+    """The main process tokenizes a window for its lengths where no worker does it ahead (a source
+    wrapped in a map or a mixture, a state's window checked at set_state)."""
+    import multiprocessing
     import pickle
+    import time
 
     from portable_loader.dataset import spill
 
     ds = pl.tokenized(jsonl(tmp_path / "d.jsonl", ROWS), tokenizer=need(GPT2), format="text")
     fresh = pl.tokenized(tmp_path / "d.jsonl", tokenizer=need(GPT2), format="text")
-    for w in range(spill.KEEP + 2):  # more windows than the hand-over keeps
+    ds.lengths(range(5))
+    assert not os.path.exists(ds._spill.dir)  # no child process to read it: nothing handed over
+    child = multiprocessing.get_context("fork").Process(target=time.sleep, args=(60,))  # a worker, idle
+    child.start()
+    for w in range(1, spill.KEEP + 2):  # more windows than the hand-over keeps
         ds.lengths(range(5 * w, 5 * w + 5))
+    child.terminate()
+    child.join()
     worker = pickle.loads(pickle.dumps(ds))  # what a spawned worker gets: a reader, no tokenizer
     kept = range(10, 5 * (spill.KEEP + 2))
     assert_same_records(worker[list(kept)], fresh[list(kept)])
     assert worker._fmt is None  # every record came from the hand-over
-    assert_same_records(worker[0:10] + worker[55:], fresh[0:10] + fresh[55:])  # dropped and unseen: tokenized
+    assert_same_records(worker[0:10] + worker[50:], fresh[0:10] + fresh[50:])  # dropped and unseen: tokenized
     ds._spill.close()
     assert not os.path.exists(ds._spill.dir)

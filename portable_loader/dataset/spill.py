@@ -1,12 +1,14 @@
-"""Records tokenized in the main process, handed to loader workers through immutable files.
+"""Tokenized records handed between processes through immutable files.
 
-The loader plans packing windows in the main process, so a tokenized dataset tokenizes each window
-there for its lengths; without a hand-over every worker would tokenize the same records again.
-The main process writes each window's records to one file (written under a temporary name, then
-renamed: a reader sees a whole file or none) in a private folder in ``/dev/shm`` where there is one;
-a worker maps the files it has not seen on a miss and reads records from them. Only the newest
-``KEEP`` files are kept; a record whose file is gone is simply tokenized again, so the hand-over can
-never change a record, only save work.
+The loader's worker processes tokenize packing windows ahead, each a part of a window (see
+:mod:`portable_loader.engine.ahead`); the batch that needs a record is often built by another
+worker. The writer of a part publishes its records as one file (written under a temporary name,
+then renamed: a reader sees a whole file or none) in the dataset's private folder in ``/dev/shm``
+where there is one; a worker maps the files it has not seen on a miss and reads records from them.
+The main process owns the folder: it removes the files of windows already served, and the whole
+folder when the loader closes, when the dataset is collected, or at exit; a folder left by a main
+process that was killed is removed by the next one that makes a spill. A record whose file is gone
+is simply tokenized again, so the hand-over can never change a record, only save work.
 
 Example:
     >>> import numpy as np
@@ -23,48 +25,51 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
-import uuid
-import weakref
 
 import numpy as np
 
+from portable_loader import lifecycle
+
 __all__ = ["Spill"]
 
-KEEP = 8  # files kept (windows): the loader plans at most a few steps ahead of its workers
+KEEP = 8  # files the main process's own writes keep (windows it tokenized for their lengths)
+_PREFIX = "portable_loader-tokenized-"
 
 
 def _base() -> str:
     return "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else tempfile.gettempdir()
 
 
-def _remove(folder: str, owner: int) -> None:
-    if os.getpid() == owner:  # a forked worker inherits the finalizer: only the writer removes the folder
-        shutil.rmtree(folder, ignore_errors=True)
+def sweep_stale() -> list[str]:
+    """Remove spill folders of this user whose main process is gone (see :func:`portable_loader.lifecycle.sweep_stale`)."""
+    return lifecycle.sweep_stale(_base(), _PREFIX)
 
 
 class Spill:
-    """The writer (``Spill()``, in the main process) or a reader (``Spill(folder)``) of handed-over records.
+    """The owner (``Spill()``, in the main process) or a reader (``Spill(folder)``) of handed-over records.
 
-    The folder's name is fixed when the writer is made, so workers forked (or pickled) before the
-    first write know where to look; it is created at the first write.
+    The folder's name is fixed when the owner is made, so workers forked (or pickled) before the
+    first write know where to look. Any process may :meth:`write`; the owner removes.
     """
 
     def __init__(self, folder: str | None = None):
-        self.dir = folder or os.path.join(_base(), f"portable_loader-tokenized-{os.getpid()}-{uuid.uuid4().hex[:12]}")
+        self.dir = folder or lifecycle.private_path(_base(), _PREFIX, owner=self)
         self.count = 0
         self._seen: set[str] = set()
-        self._files: list[tuple[str, dict]] = []  # reader: (name, {record: (ids, mask)}) of the newest files
-        self._cleanup = None
+        self._files: dict[str, dict] = {}  # reader: {name: {record: (ids, mask)}} of files still published
 
-    def write(self, records: dict) -> None:
-        """Publish ``{index: (ids int32, mask uint8)}`` as one file; drop files older than ``KEEP``."""
-        if self._cleanup is None:
-            os.makedirs(self.dir, mode=0o700, exist_ok=True)
-            self._cleanup = weakref.finalize(self, _remove, self.dir, os.getpid())
+    def write(self, records: dict, name: str | None = None) -> None:
+        """Publish ``{index: (ids int32, mask uint8)}`` as one file called ``name``.
+
+        Without a name (the owner's own windows) the file is numbered, and only the newest ``KEEP``
+        of those are kept.
+        """
+        os.makedirs(self.dir, mode=0o700, exist_ok=True)
         idx = np.array(sorted(records), dtype=np.int64)
         lens = np.array([records[i][0].size for i in idx.tolist()], dtype=np.int64)
-        name = f"{self.count:010d}"
-        tmp = os.path.join(self.dir, f".{name}.tmp")
+        numbered = name is None
+        name = f"m{self.count:010d}" if numbered else name
+        tmp = os.path.join(self.dir, f".{name}.{os.getpid()}.tmp")
         with open(tmp, "wb") as f:
             np.array([idx.size], dtype=np.int64).tofile(f)
             idx.tofile(f)
@@ -74,13 +79,17 @@ class Spill:
             for i in idx.tolist():
                 np.ascontiguousarray(records[i][1], dtype=np.uint8).tofile(f)
         os.rename(tmp, os.path.join(self.dir, name))
-        old = self.count - KEEP
-        if old >= 0:
-            try:
-                os.unlink(os.path.join(self.dir, f"{old:010d}"))
-            except FileNotFoundError:
-                pass
-        self.count += 1
+        if numbered:
+            if self.count >= KEEP:
+                self.drop(f"m{self.count - KEEP:010d}")
+            self.count += 1
+
+    def drop(self, name: str) -> None:
+        """Remove file ``name`` if it is there (readers that mapped it keep their copy)."""
+        try:
+            os.unlink(os.path.join(self.dir, name))
+        except FileNotFoundError:
+            pass
 
     def read(self, indices) -> dict:
         """``{index: (ids, mask)}`` for those of ``indices`` that a published file holds."""
@@ -91,7 +100,7 @@ class Spill:
 
     def _lookup(self, indices) -> dict:
         found = {}
-        for _, table in reversed(self._files):
+        for table in reversed(self._files.values()):
             for i in indices:
                 if i not in found and i in table:
                     found[i] = table[i]
@@ -99,14 +108,17 @@ class Spill:
 
     def _load_new(self) -> bool:
         try:
-            names = sorted(n for n in os.listdir(self.dir) if not n.startswith(".") and n not in self._seen)
-        except FileNotFoundError:  # the writer is gone
-            return False
-        for name in names:
+            listed = {n for n in os.listdir(self.dir) if not n.startswith(".")}
+        except FileNotFoundError:  # nothing written yet, or the loader closed
+            listed = set()
+        # Files the owner removed are served: forget them, so a worker holds a few windows at most.
+        self._files = {n: t for n, t in self._files.items() if n in listed}
+        new = sorted(listed - self._seen)
+        for name in new:
             self._seen.add(name)
             try:
                 raw = np.fromfile(os.path.join(self.dir, name), dtype=np.uint8)
-            except FileNotFoundError:  # dropped by the writer meanwhile
+            except FileNotFoundError:  # dropped by the owner meanwhile
                 continue
             n = int(raw[:8].view(np.int64)[0])
             idx = raw[8 : 8 + 8 * n].view(np.int64)
@@ -116,14 +128,16 @@ class Spill:
             mask = raw[8 + 16 * n + 4 * total :]
             ends = np.cumsum(lens).tolist()
             starts = [0] + ends[:-1]
-            table = {i: (ids[a:b], mask[a:b]) for i, a, b in zip(idx.tolist(), starts, ends)}
-            self._files = (self._files + [(name, table)])[-KEEP:]
-        return bool(names)
+            self._files[name] = {i: (ids[a:b], mask[a:b]) for i, a, b in zip(idx.tolist(), starts, ends)}
+        return bool(new)
+
+    def clear(self) -> None:
+        """Remove every file (the owner, when a loader closes); later writes start a new folder."""
+        shutil.rmtree(self.dir, ignore_errors=True)
 
     def close(self) -> None:
-        """Remove the writer's folder (also done when the writer is garbage-collected or at exit)."""
-        if self._cleanup is not None:
-            self._cleanup()
+        """Remove the owner's folder (also done when the owner is garbage-collected or at exit)."""
+        self.clear()
 
     def __getstate__(self):  # to a spawned worker: a reader of the same folder
-        return {"dir": self.dir, "count": 0, "_seen": set(), "_files": [], "_cleanup": None}
+        return {"dir": self.dir, "count": 0, "_seen": set(), "_files": {}}

@@ -12,10 +12,11 @@ loss. Record numbers then differ from the cache's (which has no such rows), so t
 see docs/tokenized.md.
 
 A row index (the byte offset of every line, Parquet row groups) gives random access; tokens and
-lengths of recently read records are kept (bounded by ``memo_tokens``) so the loader's packing
-planner, which asks for a window's lengths before its records, tokenizes each record once: records
-tokenized in the main process for their lengths reach the loader's worker processes through
-:class:`~portable_loader.dataset.spill.Spill` files instead of being tokenized again there.
+lengths of recently read records are kept (bounded by ``memo_tokens``). The loader's packing
+planner asks for a window's lengths before its records: with worker processes, the workers
+tokenize the windows ahead (:mod:`portable_loader.engine.ahead`), report the lengths to the
+planner and hand the tokens to each other through :class:`~portable_loader.dataset.spill.Spill`
+files; with ``num_workers=0`` the main process tokenizes, and its memo serves the batch.
 
 Example:
     >>> import portable_loader as pl
@@ -26,6 +27,7 @@ Example:
 
 from __future__ import annotations
 
+import multiprocessing
 import os
 import threading
 from collections import Counter, OrderedDict
@@ -68,6 +70,9 @@ def tokenized(input, *, tokenizer: str, format: str, memo_tokens: int = 1 << 21,
 class Tokenized(Dataset):
     """Rows of an input table, tokenized when read; made by :func:`tokenized`.
 
+    ``dropped`` (a ``Counter`` by reason) and ``encoded`` (records tokenized) count what this
+    process did: with loader workers, the main process's ``encoded`` stays 0.
+
     Example:
         >>> ds = tokenized("train.jsonl", tokenizer="gpt2/", format="text")  # doctest: +SKIP
         >>> ds.lengths([0, 1])                                                # doctest: +SKIP
@@ -75,6 +80,7 @@ class Tokenized(Dataset):
     """
 
     cheap_lengths = False  # a length costs a tokenization
+    tokenizes_ahead = True  # the loader's workers tokenize packing windows ahead (engine/ahead.py)
 
     def __init__(self, table, config: dict, key_parts: dict, *, memo_tokens: int = 1 << 21):
         from portable_loader.cache.manifest import cache_key
@@ -84,11 +90,12 @@ class Tokenized(Dataset):
         # The cache key's parts, less the backend: every option that changes a record changes it.
         self.key = cache_key(key_parts)
         self.dropped: Counter = Counter()
+        self.encoded = 0  # records this process tokenized
         self._lengths = np.full(self.rows.size, -1, dtype=np.int64)
         self._memo: OrderedDict = OrderedDict()
         self._memo_size = 0
         self._lock = threading.Lock()  # the memo is shared by a thread engine's fetch threads
-        # Windows tokenized here for their lengths are handed to the loader's worker processes.
+        # Records tokenized by one process reach the others (the loader's workers) through files.
         self._owner, self._spill = os.getpid(), Spill()
         self._formatter()  # fails now, not in a worker, for a tokenizer without EOS or chat template
 
@@ -116,9 +123,10 @@ class Tokenized(Dataset):
         return fmt
 
     def __getstate__(self):
-        # A spawned worker loads its own tokenizer when it must, starts with no memo, and reads the
-        # hand-over (_owner None: no process owns a pickled copy's spill).
-        return dict(self.__dict__, _fmt=None, _memo=OrderedDict(), _memo_size=0, _lock=None, _owner=None)
+        # A spawned worker loads its own tokenizer when it must, starts with no memo and no counts,
+        # and reads the hand-over (_owner None: no process owns a pickled copy's spill).
+        return dict(self.__dict__, _fmt=None, _memo=OrderedDict(), _memo_size=0, _lock=None, _owner=None,
+                    dropped=Counter(), encoded=0)
 
     def __setstate__(self, state):
         self.__dict__.update(state, _lock=threading.Lock())
@@ -142,6 +150,7 @@ class Tokenized(Dataset):
             encoded = fmt.encode([rows[k] for k in present], lambda j: self.table.where(window_rows[present[j]]))
             for k, r in zip(present, encoded):
                 results[k] = r
+            self.encoded += len(part)
             for i, r in zip(part, results):
                 if r is None or isinstance(r, str):
                     self.dropped[r or "empty"] += 1
@@ -187,9 +196,40 @@ class Tokenized(Dataset):
         unknown = np.unique(idx[self._lengths[idx] < 0]).tolist()
         if unknown:
             fresh = self._tokenize(unknown)
-            if os.getpid() == self._owner:
+            # Handed over only where a worker could read it: with num_workers=0 the memo serves.
+            if os.getpid() == self._owner and multiprocessing.active_children():
                 self._spill.write(fresh)
         return self._lengths[idx].copy()
+
+    # --- tokenizing ahead in the loader's workers (engine/ahead.py) ------------------------------
+
+    def unknown(self, indices) -> np.ndarray:
+        """The distinct ``indices`` whose length this process does not know yet, ascending."""
+        idx = np.unique(np.asarray(indices, dtype=np.int64))
+        return idx[self._lengths[idx] < 0]
+
+    def tokenize_ahead(self, indices: np.ndarray, name: str) -> np.ndarray:
+        """(In a loader worker) tokenize ``indices``, hand their records over as file ``name``, and
+        return their lengths, for the planner in the main process.
+
+        Example:
+            >>> worker_ds.tokenize_ahead(np.array([4, 9]), "w0-p1")   # doctest: +SKIP
+            array([212,  57])
+        """
+        records = self._records(indices)
+        self._spill.write(dict(zip(np.asarray(indices).tolist(), records)), name)
+        return np.array([ids.size for ids, _ in records], dtype=np.int64)
+
+    def learn(self, indices: np.ndarray, lengths: np.ndarray) -> None:
+        """(In the main process) take lengths a worker computed for ``indices``."""
+        self._lengths[np.asarray(indices, dtype=np.int64)] = lengths
+
+    def drop_handover(self, name: str | None = None) -> None:
+        """Remove the hand-over file ``name`` (a window already served), or every file (a loader closed)."""
+        if name is None:
+            self._spill.clear()
+        else:
+            self._spill.drop(name)
 
     def validate(self) -> dict:
         """Tokenize the whole input once, in order: the first bad row raises (naming file and line).

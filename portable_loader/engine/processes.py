@@ -2,7 +2,9 @@
 
 The caller's thread plans every step; workers receive row plans that are
 already fixed, so they cannot change the order. Step ``s`` goes to worker ``s % W`` and comes back on
-that worker's own queue, so results are consumed in step order without any reordering buffer.
+that worker's own queue, so results are consumed in step order. Over a source whose lengths cost a
+tokenization the workers also compute the planner's lengths ahead (``engine/ahead.py``); their
+answers share the queues, and a reply that comes before the one awaited is kept until asked for.
 A worker's exception reaches the caller with the worker's traceback; a worker that dies is reported
 instead of waited for; ``close()`` ends every thread and process (SIGKILL if need be), and a worker
 whose parent died without closing it ends by itself (see ``_worker_main``).
@@ -26,6 +28,7 @@ import time
 import traceback
 
 from portable_loader.cache import pid_alive
+from portable_loader.engine.ahead import AHEAD_BLOCKS, Ahead, wanted
 from portable_loader.engine.inline import build_batch
 from portable_loader.engine.threads import WorkerError
 from portable_loader.errors import CacheError
@@ -84,12 +87,16 @@ def _worker_main(index: int, loader, inbox, outbox, parent: int, forked_from_mai
                 continue
             if task is None:
                 return
-            step, rows = task
+            key, payload = task
             try:
-                outbox.put((step, "ok", build_batch(source, rows, loader.seq_len, loader.pad_id, loader.fields)))
+                if isinstance(key, tuple):  # ("ahead", block, part): tokenize records, answer their lengths
+                    value = source.tokenize_ahead(*payload)
+                else:
+                    value = build_batch(source, payload, loader.seq_len, loader.pad_id, loader.fields)
+                outbox.put((key, "ok", value))
             except BaseException as e:  # noqa: BLE001
                 text = "".join(traceback.format_exception(e))
-                outbox.put((step, "error", f"{type(e).__name__} in loader worker {index} (pid {os.getpid()}):\n{text}"))
+                outbox.put((key, "error", f"{type(e).__name__} in loader worker {index} (pid {os.getpid()}):\n{text}"))
     finally:
         outbox.cancel_join_thread()  # nobody may read what is still buffered: do not wait on it
 
@@ -125,6 +132,8 @@ class ProcessEngine:
         self._loader, self._planner = loader, planner
         self._plan_cursor = cursor  # where the next step to hand out starts
         self._sent: list = []  # cursor after each step handed out and not yet consumed
+        self._early: dict = {}  # (worker, key) -> (kind, value): replies that came before the one awaited
+        self._ahead = None
         self._ended = False
         n = loader.num_workers
         hook_last()
@@ -140,10 +149,20 @@ class ProcessEngine:
         for p in self._procs:
             p.start()
         self._depth = n * max(1, loader.prefetch)
-        self._fill()
+        if wanted(loader.source, planner):
+            self._ahead = Ahead(planner, loader.source, workers=n, send=lambda j, task: self._inboxes[j].put(task),
+                                receive=self._receive)
+        try:
+            self._fill()
+        except BaseException:  # the caller never gets this engine to close (a bad row met by the planner)
+            self.close()
+            raise
 
     def _fill(self) -> None:
+        ahead = self._ahead
         while not self._ended and len(self._sent) < self._depth:
+            if ahead is not None:  # what this step plans from first, then the next blocks
+                ahead.dispatch(ahead.block_of(self._plan_cursor))
             planned = self._planner.step(self._plan_cursor)
             if planned is None:
                 self._ended = True
@@ -152,17 +171,16 @@ class ProcessEngine:
             step = self._plan_cursor.step - 1
             self._inboxes[step % len(self._procs)].put((step, self._loader.local_rows(rows)))
             self._sent.append(self._plan_cursor)
+            if ahead is not None:  # queued after the step, so that the step's batch is not held up
+                ahead.dispatch(ahead.block_of(self._plan_cursor) + AHEAD_BLOCKS)
 
-    def next(self):
-        if not self._sent:
-            raise StopIteration
-        cursor = self._sent.pop(0)
-        step = cursor.step - 1
-        worker = step % len(self._procs)
+    def _receive(self, worker: int, key):
+        """Worker ``worker``'s reply ``(kind, value)`` for ``key``; replies it sent before are kept."""
+        if (worker, key) in self._early:
+            return self._early.pop((worker, key))
         while True:
             try:
-                got_step, kind, value = self._outboxes[worker].get(timeout=_POLL_S)
-                break
+                got, kind, value = self._outboxes[worker].get(timeout=_POLL_S)
             except queue.Empty:
                 proc = self._procs[worker]
                 # is_alive() stays True for a child someone else already reaped; its pid is gone then.
@@ -171,12 +189,22 @@ class ProcessEngine:
                     raise WorkerError(
                         f"loader worker {worker} (pid {proc.pid}) exited unexpectedly with code {proc.exitcode}"
                     ) from None
+                continue
+            if got == key:
+                return kind, value
+            self._early[(worker, got)] = (kind, value)
+
+    def next(self):
+        if not self._sent:
+            raise StopIteration
+        cursor = self._sent.pop(0)
+        step = cursor.step - 1
+        kind, value = self._receive(step % len(self._procs), step)
         if kind == "error":
             self.close()
             raise WorkerError(value)
-        if got_step != step:  # cannot happen while each worker serves its steps in order
-            self.close()
-            raise WorkerError(f"loader worker {worker} returned step {got_step}, expected {step}")
+        if self._ahead is not None:
+            self._ahead.served(cursor)
         self._fill()
         return value, cursor
 
@@ -194,5 +222,8 @@ class ProcessEngine:
         for box in self._outboxes:
             box.close()
             box.join_thread()
-        self._inboxes, self._outboxes, self._sent = [], [], []
+        self._inboxes, self._outboxes, self._sent, self._early = [], [], [], {}
         self._ended = True
+        if self._ahead is not None:
+            ahead, self._ahead = self._ahead, None
+            ahead.close()

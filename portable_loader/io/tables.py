@@ -17,10 +17,12 @@ Example:
 
 from __future__ import annotations
 
+import contextlib
 import gzip
 import hashlib
 import json
 import os
+import tempfile
 import zlib
 from typing import Any, Iterator, Sequence
 
@@ -28,6 +30,7 @@ import numpy as np
 
 from portable_loader.errors import BadRowError, InputError
 from portable_loader.io.remote import is_url, open_binary
+from portable_loader.lifecycle import private_path
 
 __all__ = ["InputTable", "open_input", "file_digest", "SUPPORTED"]
 
@@ -221,8 +224,15 @@ class _LineTable(InputTable):
         if getattr(self, "_bounds", None) is None:
             starts, blanks = [np.zeros(1, dtype=np.int64)], []
             offset, last_nl, last_byte = 0, -1, 10
-            with _open_bytes(self.path, self.storage_options) as f:
+            # A .gz file cannot seek: each random read would decompress it from the start (and
+            # download it again from a bucket). This pass decompresses it anyway, so it keeps the
+            # bytes in a private temp file that reads seek in.
+            plain = private_path(tempfile.gettempdir(), "portable_loader-gunzip-", owner=self) if self.gz else None
+            with _open_bytes(self.path, self.storage_options) as f, \
+                    (open(plain, "wb") if plain else contextlib.nullcontext()) as copy:
                 while chunk := f.read(_SCAN_CHUNK):
+                    if copy is not None:
+                        copy.write(chunk)
                     a = np.frombuffer(chunk, dtype=np.uint8)
                     nl = np.flatnonzero(a == 10)
                     at = offset + nl
@@ -241,7 +251,7 @@ class _LineTable(InputTable):
             if bounds[-1] != offset:  # a last line without a newline
                 bounds = np.append(bounds, offset)
                 blank = np.append(blank, False)
-            self._bounds, self._blank = bounds[: self.total + 1], blank[: self.total]
+            self._bounds, self._blank, self._plain = bounds[: self.total + 1], blank[: self.total], plain
         return self._bounds, self._blank
 
     def present(self) -> np.ndarray:
@@ -250,8 +260,7 @@ class _LineTable(InputTable):
 
     def _get_raw(self, raw_rows):
         bounds, _ = self._line_index()
-        # Rows come sorted, so a .gz file is decompressed once, forward, up to the last row asked for.
-        with _open_bytes(self.path, self.storage_options) as f:
+        with open(self._plain, "rb") if self._plain else _open_bytes(self.path, self.storage_options) as f:
             for r in raw_rows:
                 f.seek(int(bounds[r]))
                 yield from self._parse(r, f.read(int(bounds[r + 1] - bounds[r])))
