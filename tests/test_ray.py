@@ -191,6 +191,52 @@ def test_bad_row_stops_the_run_names_file_and_line_publishes_nothing_and_the_clu
     assert not summary["hit"] and shard_digests(path) == shard_digests(local)
 
 
+DRIVER_PEAKS = """
+import json, sys, ray
+from portable_loader.precache import build_cache
+
+def kib(field):  # VmHWM: the peak RSS since the last reset; VmRSS: now
+    return next(int(line.split()[1]) for line in open("/proc/self/status") if line.startswith(field))
+
+address, out, options, warm, inputs = json.loads(sys.argv[1])
+ray.init(address=address, _node_ip_address="127.0.0.1", log_to_driver=False)
+build_cache(warm, out=out, engine="ray", ray_address=address, **options)  # the fixed costs: tokenizer, Ray
+for path in inputs:
+    open("/proc/self/clear_refs", "w").write("5")  # reset VmHWM to the RSS now
+    base = kib("VmRSS")
+    build_cache(path, out=out, engine="ray", ray_address=address, **options)
+    print(json.dumps({"path": path, "growth": (kib("VmHWM") - base) * 1024, "peak": kib("VmHWM") * 1024}))
+"""
+
+
+def padded_input(path, megabytes):
+    """Chat rows with a 10 KB extra column (as raw crawls carry): bytes to list, few rows to tokenize."""
+    rows = [json.loads(line) for line in open(sample_args()["input"]) if line.strip()]
+    with open(path, "w") as f:
+        written = i = 0
+        while written < megabytes * 10**6:
+            written += f.write(json.dumps({**rows[i % len(rows)], "meta": f"{i:010d}" * 1000}) + "\n")
+            i += 1
+    return os.path.getsize(path)
+
+
+def test_the_drivers_peak_rss_does_not_grow_with_the_input(inputs, cluster, tmp_path):
+    """A fresh driver process, warmed by one small build, builds a 50 MB and a 200 MB input: what its
+    peak RSS grows by during each build is independent of the input and well under 30% of its size."""
+    if not os.access("/proc/self/clear_refs", os.W_OK):
+        pytest.skip("needs Linux's /proc/self/clear_refs to reset the peak RSS")
+    sizes = {str(tmp_path / f"in-{mb}.jsonl"): padded_input(tmp_path / f"in-{mb}.jsonl", mb) for mb in (50, 200)}
+    argv = json.dumps([cluster[0].address, str(tmp_path / "c"), options(), str(inputs), list(sizes)])
+    r = subprocess.run([sys.executable, "-c", DRIVER_PEAKS, argv], capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    runs = [json.loads(line) for line in r.stdout.splitlines() if line.startswith("{")]
+    small, big = [run["growth"] for run in runs]
+    assert [run["path"] for run in runs] == list(sizes)
+    for run in runs:  # what is left is the listing's read buffer (8 MiB) and small change
+        assert run["growth"] < 0.3 * sizes[run["path"]], runs
+    assert big - small < 0.02 * (max(sizes.values()) - min(sizes.values())), runs  # no slope with the input
+
+
 def test_an_in_memory_dataset_is_refused_with_the_way_out(cluster, tmp_path):
     datasets = pytest.importorskip("datasets")
     ds = datasets.Dataset.from_list([json.loads(line) for line in open(sample_args()["input"]) if line.strip()])

@@ -30,18 +30,26 @@ from portable_loader.precache.engine import tokenize_task
 # A lost node's tasks are rerun; a task that fails by itself (a bad row) raises at once, not retried.
 _MAX_RETRIES = 3
 _CONNECT_SECONDS = 5.0
-_tables: dict = {}  # per worker process: the last file opened (a JSONL file is scanned once, not per task)
+_tables: dict = {}  # per worker process: the last whole-file input opened (a JSON list is parsed once)
 
 
 def _ray_task(task, config: dict, tokenizer_files: str, tmp: str) -> dict:
     """What runs on a node: open the task's file, tokenize its rows into its shard."""
     os.environ["TOKENIZERS_PARALLELISM"] = "false"  # one task per CPU
+    return tokenize_task(task, _open(task), task.lo - task.file_lo, config, tokenizer_files, tmp)
+
+
+def _open(task):
+    """The task's file as a table. A JSONL or text file opens at the task's seek point (from the
+    driver's listing), never scanned again; other kinds open whole, and are kept for the next task."""
+    if task.seek is not None:
+        return open_input(task.file, seek=task.seek)
     stat = os.stat(task.file)
     key = (task.file, stat.st_size, stat.st_mtime_ns)
     if key not in _tables:
         _tables.clear()
         _tables[key] = open_input(task.file)
-    return tokenize_task(task, _tables[key], task.lo - task.file_lo, config, tokenizer_files, tmp)
+    return _tables[key]
 
 
 def _connect(address: str | None):
