@@ -84,6 +84,9 @@ def test_ray_build_is_byte_identical_to_local_and_a_hit_for_local(inputs, local,
                                 show_progress=True, **options())
     assert "900/900" in capsys.readouterr().err  # the driver's progress bar counted every row
     assert summary["engine"] == "ray" and not summary["hit"] and summary["num_workers"] == 3
+    nodes = summary["nodes"]  # every task started once and finished where it started; none was rerun
+    assert summary["retried"] == 0 and all(n["started"] == n["finished"] for n in nodes.values())
+    assert sum(n["finished"] for n in nodes.values()) == 24 and set(nodes) <= {n["NodeID"] for n in ray.nodes()}
     assert os.path.basename(path) == os.path.basename(local)  # the engine is not in the key
     assert shard_digests(path) == shard_digests(local) and len(shard_digests(path)) == 24
     assert pl.open_cache(path).manifest["content_checksum"] == pl.open_cache(local).manifest["content_checksum"]
@@ -137,6 +140,20 @@ def test_ray_not_installed_is_a_clear_error(inputs, tmp_path):
     assert no_temp_left(tmp_path)
 
 
+def ledger_starts(timeout=120) -> list:
+    """The running build's task starts ``(task, node id)``, read from its ledger actor."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        names = [n for n in ray.util.list_named_actors() if n.startswith("portable_loader-precache-")]
+        if names:
+            try:
+                return ray.get(ray.get_actor(names[0]).read.remote(0), timeout=10)
+            except (ValueError, ray.exceptions.RayActorError):  # ended between the listing and the call
+                pass
+        time.sleep(0.05)
+    return []
+
+
 def test_node_lost_mid_run_reruns_its_tasks_and_the_cache_is_identical(inputs, local, cluster, tmp_path):
     c, workers = cluster
     out = tmp_path / "c"
@@ -149,16 +166,15 @@ def test_node_lost_mid_run_reruns_its_tasks_and_the_cache_is_identical(inputs, l
         except BaseException as e:  # reported by the assertion below
             got["error"] = e
 
+    victim = workers.pop()
     thread = threading.Thread(target=build)
     thread.start()
-    # Wait until tasks are running (a first shard is in the temporary folder), then kill a node.
+    # Wait until a task has started on the node to remove (the build's ledger says so), then kill it.
     deadline = time.monotonic() + 120
-    while thread.is_alive() and time.monotonic() < deadline and not any(
-        n.startswith("data-") for d in (out.glob(".tmp-*") if out.exists() else []) if d.is_dir() for n in os.listdir(d)
-    ):
+    while thread.is_alive() and time.monotonic() < deadline and victim.node_id not in {n for _, n in ledger_starts(5)}:
         time.sleep(0.01)
     assert thread.is_alive(), f"the build ended before a node could be removed: {got}"
-    c.remove_node(workers.pop(), allow_graceful=False)
+    c.remove_node(victim, allow_graceful=False)
     thread.join(300)
     workers.append(c.add_node(**NODE))  # for the tests after this one
     assert "error" not in got, got.get("error")
@@ -168,6 +184,12 @@ def test_node_lost_mid_run_reruns_its_tasks_and_the_cache_is_identical(inputs, l
     assert os.path.basename(path) == os.path.basename(want) and summary["tasks"] == 90
     assert shard_digests(path) == shard_digests(want)
     assert sorted(os.listdir(path)) == sorted(os.listdir(want))  # no partial shard of a killed task left
+    # Tasks ran on the removed node; every one that started there and did not finish there was rerun.
+    nodes = summary["nodes"]
+    assert nodes[victim.node_id]["started"] >= 1, nodes
+    killed = nodes[victim.node_id]["started"] - nodes[victim.node_id]["finished"]
+    assert summary["retried"] >= killed and sum(n["finished"] for n in nodes.values()) == 90, summary
+    print(f"removed node: {nodes[victim.node_id]}; tasks retried: {summary['retried']}")
 
 
 def test_bad_row_stops_the_run_names_file_and_line_publishes_nothing_and_the_cluster_stays_usable(

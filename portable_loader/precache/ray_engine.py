@@ -1,12 +1,18 @@
 """``engine="ray"``: the precache plan's tasks run as Ray tasks, one CPU each, anywhere on a cluster.
 
 The driver plans, shows progress and collects counts; it never reads the rows. Each task opens its
-own file from storage (so the input, the tokenizer and ``out`` must be at the same paths on every
-node: a shared filesystem), reads its row range, tokenizes it and writes its shard into the run's
-temporary folder under a temporary name, then renames it. A task whose node is lost is rerun
+own file from storage (a shared filesystem, at the same path on every node, or a bucket), at the
+byte where the driver's listing found its first rows, reads its row range and tokenizes it. Its
+shard goes to ``dest``: into the run's temporary folder (shared filesystem) under a temporary name,
+then renamed; or, for a bucket prefix, into a local temporary file on the node, then uploaded by
+the task itself (the driver uploads only the manifest, last). A task whose node is lost is rerun
 elsewhere (``max_retries``) and overwrites its shard with the same bytes, so the cache is the one the
 local engine builds. On the first error in input order, or Ctrl-C, every task is cancelled and
-waited for before the caller removes the temporary folder.
+waited for before the caller removes the temporary files.
+
+Each task attempt reports its start to the run's ledger (a small named actor,
+``portable_loader-precache-<random>``, on the driver's node) and returns its node's id, so
+the progress bar and the summary say which node ran what and how many tasks were rerun.
 
 Ray is imported only here, and only when a run needs it (a cache hit never connects).
 
@@ -19,11 +25,16 @@ Example:
 from __future__ import annotations
 
 import os
+import shutil
 import socket
 import sys
+import tempfile
 import time
+import uuid
+from collections import Counter
 
 from portable_loader.errors import PortableLoaderError
+from portable_loader.io.remote import filesystem, is_url, join
 from portable_loader.io.tables import open_input
 from portable_loader.precache.engine import tokenize_task
 
@@ -33,23 +44,54 @@ _CONNECT_SECONDS = 5.0
 _tables: dict = {}  # per worker process: the last whole-file input opened (a JSON list is parsed once)
 
 
-def _ray_task(task, config: dict, tokenizer_files: str, tmp: str) -> dict:
-    """What runs on a node: open the task's file, tokenize its rows into its shard."""
+def _ray_task(task, config: dict, tokenizer_files: str, dest: str, storage_options: dict | None, ledger) -> dict:
+    """What runs on a node: open the task's file, tokenize its rows into its shard at ``dest``."""
+    import ray
+
     os.environ["TOKENIZERS_PARALLELISM"] = "false"  # one task per CPU
-    return tokenize_task(task, _open(task), task.lo - task.file_lo, config, tokenizer_files, tmp)
+    node = ray.get_runtime_context().get_node_id()
+    # Not waited for: a task blocked in ray.get lends its CPU out, and Ray would start another worker.
+    ledger.started.remote(task.index, node)
+    table, offset = _open(task, storage_options), task.lo - task.file_lo
+    if not is_url(dest):
+        return {**tokenize_task(task, table, offset, config, tokenizer_files, dest), "node": node}
+    local = tempfile.mkdtemp(prefix="portable_loader-task-")
+    try:
+        result = tokenize_task(task, table, offset, config, tokenizer_files, local)
+        name = result["shard"]["file"]
+        fs, path = filesystem(dest, storage_options)
+        fs.put_file(os.path.join(local, name), join(path, name))  # one PUT: whole, or absent
+    finally:
+        shutil.rmtree(local, ignore_errors=True)
+    return {**result, "node": node}
 
 
-def _open(task):
+def _open(task, storage_options: dict | None):
     """The task's file as a table. A JSONL or text file opens at the task's seek point (from the
-    driver's listing), never scanned again; other kinds open whole, and are kept for the next task."""
-    if task.seek is not None:
-        return open_input(task.file, seek=task.seek)
+    driver's listing), never scanned again; other kinds open whole, and a local one is kept for the
+    worker's next task."""
+    so = storage_options if is_url(task.file) else None
+    if task.seek is not None or is_url(task.file):
+        return open_input(task.file, storage_options=so, seek=task.seek)
     stat = os.stat(task.file)
     key = (task.file, stat.st_size, stat.st_mtime_ns)
     if key not in _tables:
         _tables.clear()
         _tables[key] = open_input(task.file)
     return _tables[key]
+
+
+class _Ledger:
+    """The run's record of task attempts: ``(task index, node id)`` for each start, in arrival order."""
+
+    def __init__(self):
+        self.starts: list = []
+
+    def started(self, index: int, node: str) -> None:
+        self.starts.append((index, node))
+
+    def read(self, since: int) -> list:
+        return self.starts[since:]
 
 
 def _connect(address: str | None):
@@ -75,12 +117,18 @@ def _connect(address: str | None):
     return ray
 
 
-def run_ray_tasks(tasks: list, config: dict, tokenizer_files: str, tmp: str, address: str | None,
-                  show_progress: bool, total: int) -> tuple[list[dict], int]:
-    """Run every task on the Ray cluster at ``address``: results in task order, and the cluster's CPUs.
+def run_ray_tasks(tasks: list, config: dict, tokenizer_files: str, dest: str, address: str | None,
+                  show_progress: bool, total: int, storage_options: dict | None = None) -> tuple[list[dict], dict]:
+    """Run every task on the Ray cluster at ``address``, shards to ``dest`` (a folder or a bucket prefix).
+
+    Returns the results in task order and how it ran: ``num_workers`` (the cluster's CPUs),
+    ``retried`` (task attempts started beyond the first of each task) and ``nodes`` (per node id, the
+    attempts ``started`` there and the tasks ``finished`` there).
 
     Example:
-        >>> results, cpus = run_ray_tasks(plan, config, key, tmp, "auto", False, rows)  # doctest: +SKIP
+        >>> results, run = run_ray_tasks(plan, config, key, tmp, "auto", False, rows)  # doctest: +SKIP
+        >>> run["retried"], sum(n["finished"] for n in run["nodes"].values()) == len(plan)   # doctest: +SKIP
+        (0, True)
     """
     from tqdm import tqdm
 
@@ -90,14 +138,20 @@ def run_ray_tasks(tasks: list, config: dict, tokenizer_files: str, tmp: str, add
             "has no file: save it with save_to_disk() and pass that folder"
         )
     ray = _connect(address)
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=True)
+    name = f"portable_loader-precache-{uuid.uuid4().hex[:12]}"  # ray.util.list_named_actors() lists it
+    ledger = ray.remote(num_cpus=0, max_restarts=0)(_Ledger).options(name=name, scheduling_strategy=here).remote()
     remote = ray.remote(num_cpus=1, max_retries=_MAX_RETRIES, retry_exceptions=False)(_ray_task)
     config_ref = ray.put(config)
-    refs = [remote.remote(t, config_ref, tokenizer_files, tmp) for t in tasks]
+    refs = [remote.remote(t, config_ref, tokenizer_files, dest, storage_options, ledger) for t in tasks]
     index = {r: i for i, r in enumerate(refs)}
     results: list = [None] * len(refs)
+    starts: list = []
     bar = tqdm(total=total, unit="rows", disable=not show_progress, file=sys.stderr, smoothing=0.1)
     try:
-        waiting, first = list(refs), 0
+        waiting, first, polled = list(refs), 0, 0.0
         while first < len(refs):
             done, waiting = ray.wait(waiting, num_returns=len(waiting), timeout=0.2)
             for ref in done:
@@ -107,16 +161,42 @@ def run_ray_tasks(tasks: list, config: dict, tokenizer_files: str, tmp: str, add
             while first < len(refs) and results[first] is not None:
                 results[first] = _get(ray, refs[first])
                 first += 1
+            if show_progress and time.monotonic() - polled > 1.0:
+                polled = time.monotonic()
+                starts += _read(ray, ledger, len(starts))
+                bar.set_postfix_str(f"tasks {len(refs) - len(waiting)}/{len(refs)}, "
+                                    f"retried {len(starts) - len({i for i, _ in starts})}", refresh=False)
+        # A start is reported as the task begins, without waiting; one may still be on its way (as when
+        # the ledger came up after the tasks did): wait a little for every finished task's start.
+        deadline = time.monotonic() + 5
+        while True:
+            starts += _read(ray, ledger, len(starts))
+            if len({i for i, _ in starts}) == len(tasks) or time.monotonic() > deadline:
+                break
+            time.sleep(0.05)
     except BaseException:
         _cancel(ray, refs)
         raise
     finally:
         bar.close()
-    # A task attempt killed with its node leaves its partial shard under a temporary name.
-    for name in os.listdir(tmp):
-        if name.endswith(".part"):
-            os.remove(os.path.join(tmp, name))
-    return results, int(ray.cluster_resources().get("CPU", 0))
+        ray.kill(ledger)
+    if not is_url(dest):  # a task attempt killed with its node leaves its partial shard under a temporary name
+        for entry in os.listdir(dest):
+            if entry.endswith(".part"):
+                os.remove(os.path.join(dest, entry))
+    nodes = {n: {"started": k, "finished": 0} for n, k in Counter(n for _, n in starts).items()}
+    for r in results:
+        nodes.setdefault(r["node"], {"started": 0, "finished": 0})["finished"] += 1
+    retried = len(starts) - len({i for i, _ in starts})
+    return results, {"num_workers": int(ray.cluster_resources().get("CPU", 0)), "retried": retried, "nodes": nodes}
+
+
+def _read(ray, ledger, since: int) -> list:
+    """Starts recorded since the ``since``-th; none if the ledger is unreachable (it only informs)."""
+    try:
+        return ray.get(ledger.read.remote(since), timeout=10)
+    except Exception:  # the ledger's node lost, or a slow cluster: the counts are informational
+        return []
 
 
 def _get(ray, ref):
