@@ -267,6 +267,77 @@ def test_an_in_memory_dataset_is_refused_with_the_way_out(cluster, tmp_path):
     assert no_temp_left(tmp_path)
 
 
+@pytest.fixture(scope="module")
+def bucket(inputs):
+    """A moto S3 server on 127.0.0.1 holding the inputs, and the storage_options that reach it.
+    (moto keeps one store per process: the bucket is named apart from test_s3.py's.)
+
+    No environment variable points at it: the Ray workers (started without one) can reach the bucket
+    only through the storage_options each task carries."""
+    pytest.importorskip("s3fs")
+    moto_server = pytest.importorskip("moto.server")
+    server = moto_server.ThreadedMotoServer(ip_address=LOOPBACK, port=0)
+    server.start()
+    host, port = server.get_host_and_port()
+    so = {"endpoint_url": f"http://{host}:{port}", "key": "testing", "secret": "testing"}
+    import s3fs
+
+    fs = s3fs.S3FileSystem(**so)
+    fs.mkdir("ray-bkt")
+    for k in range(3):
+        fs.pipe_file(f"ray-bkt/in/part-{k}.jsonl", (inputs / f"part-{k}.jsonl").read_bytes())
+    yield fs, so
+    server.stop()
+
+
+def test_ray_from_a_bucket_to_a_bucket_tasks_upload_their_shards_driver_the_manifest_last(
+        local, cluster, bucket, monkeypatch):
+    import s3fs
+
+    fs, so = bucket
+    driver_puts = []  # what this process (the driver) uploads: never a shard
+    real_put = s3fs.S3FileSystem._put_file
+
+    async def spy(self, lpath, rpath, *args, **kwargs):
+        driver_puts.append(os.path.basename(rpath))
+        return await real_put(self, lpath, rpath, *args, **kwargs)
+
+    monkeypatch.setattr(s3fs.S3FileSystem, "_put_file", spy)
+    s3fs.S3FileSystem.clear_instance_cache()  # an instance binds its sync methods when made
+    try:
+        url, summary = build_cache("s3://ray-bkt/in/", out="s3://ray-bkt/caches", engine="ray",
+                                   ray_address=cluster[0].address, storage_options=so, **options())
+    finally:
+        monkeypatch.undo()
+        s3fs.S3FileSystem.clear_instance_cache()
+    assert url.startswith("s3://ray-bkt/caches/chat-") and summary["engine"] == "ray" and summary["tasks"] == 24
+    assert driver_puts == ["dataset_info.json", "state.json", "manifest.json"]
+    path = url.removeprefix("s3://")
+    shards = {os.path.basename(p): hashlib.sha256(fs.cat_file(p)).hexdigest() for p in fs.find(path)
+              if os.path.basename(p).startswith("data-")}
+    assert shards == shard_digests(local)  # byte-identical to the local engine's build of the same files
+    fs.invalidate_cache()
+    manifest_time = fs.info(f"{path}/manifest.json")["LastModified"]
+    assert all(fs.info(f"{path}/{name}")["LastModified"] <= manifest_time for name in shards)
+    assert pl.open_cache(url, cache_dir=local + "-fetched", storage_options=so).manifest["content_checksum"] == \
+        pl.open_cache(local).manifest["content_checksum"]
+    again, s = build_cache("s3://ray-bkt/in/", out="s3://ray-bkt/caches", engine="ray", storage_options=so, **options())
+    assert s["hit"] and again == url
+
+
+def test_ray_bucket_build_that_fails_leaves_nothing_in_the_bucket(inputs, cluster, bucket):
+    fs, so = bucket
+    for k in range(3):
+        data = (inputs / f"part-{k}.jsonl").read_bytes()
+        fs.pipe_file(f"ray-bkt/bad/part-{k}.jsonl", data + b'{"messages": [\n' if k == 2 else data)
+    with pytest.raises(BadRowError) as e:
+        build_cache("s3://ray-bkt/bad/", out="s3://ray-bkt/failed", engine="ray", ray_address=cluster[0].address,
+                    storage_options=so, **options())
+    assert "s3://ray-bkt/bad/part-2.jsonl" in str(e.value) and "line 401" in str(e.value)
+    fs.invalidate_cache()
+    assert not fs.exists("ray-bkt/failed") or fs.find("ray-bkt/failed") == []  # the shards tasks uploaded: removed
+
+
 def idle_cpus():
     return ray.available_resources().get("CPU", 0)
 
