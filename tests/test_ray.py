@@ -257,6 +257,9 @@ def test_the_drivers_peak_rss_does_not_grow_with_the_input(inputs, cluster, tmp_
     for run in runs:  # what is left is the listing's read buffer (8 MiB) and small change
         assert run["growth"] < 0.3 * sizes[run["path"]], runs
     assert big - small < 0.02 * (max(sizes.values()) - min(sizes.values())), runs  # no slope with the input
+    for run in runs:
+        print(f"{sizes[run['path']] / 1e6:.0f} MB input: driver peak RSS {run['peak'] / 1e6:.1f} MB, "
+              f"+{run['growth'] / 1e6:.1f} MB during the build")
 
 
 def test_an_in_memory_dataset_is_refused_with_the_way_out(cluster, tmp_path):
