@@ -93,7 +93,12 @@ class InputTable:
 
     def seek_point(self, raw_row: int) -> tuple[int, int, int] | None:
         """``(rows, line, byte)`` that :func:`open_input` ``seek=`` takes to read from ``raw_row`` on
-        without listing the file again; None where opening costs no scan (Parquet, ...)."""
+        without listing the file again; None where opening costs no scan (Parquet, ...).
+
+        Example:
+            >>> open_input("big.jsonl").seek_point(5000)   # doctest: +SKIP
+            (10000, 4096, 1843921)
+        """
         return None
 
     def read(self, lo: int, hi: int) -> Iterator[tuple[int, dict]]:

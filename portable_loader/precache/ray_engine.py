@@ -123,7 +123,8 @@ def run_ray_tasks(tasks: list, config: dict, tokenizer_files: str, dest: str, ad
 
     Returns the results in task order and how it ran: ``num_workers`` (the cluster's CPUs),
     ``retried`` (task attempts started beyond the first of each task) and ``nodes`` (per node id, the
-    attempts ``started`` there and the tasks ``finished`` there).
+    attempts ``started`` there and the tasks ``finished`` there). ``retried`` and ``started`` are None
+    (unknown) if the ledger was lost with the driver's node.
 
     Example:
         >>> results, run = run_ray_tasks(plan, config, key, tmp, "auto", False, rows)  # doctest: +SKIP
@@ -163,14 +164,18 @@ def run_ray_tasks(tasks: list, config: dict, tokenizer_files: str, dest: str, ad
                 first += 1
             if show_progress and time.monotonic() - polled > 1.0:
                 polled = time.monotonic()
-                starts += _read(ray, ledger, len(starts))
+                starts += _read(ray, ledger, len(starts)) or []
                 bar.set_postfix_str(f"tasks {len(refs) - len(waiting)}/{len(refs)}, "
                                     f"retried {len(starts) - len({i for i, _ in starts})}", refresh=False)
         # A start is reported as the task begins, without waiting; one may still be on its way (as when
         # the ledger came up after the tasks did): wait a little for every finished task's start.
         deadline = time.monotonic() + 5
         while True:
-            starts += _read(ray, ledger, len(starts))
+            new = _read(ray, ledger, len(starts))
+            if new is None:  # the ledger is gone: what it recorded is unknown, not zero
+                starts = None
+                break
+            starts += new
             if len({i for i, _ in starts}) == len(tasks) or time.monotonic() > deadline:
                 break
             time.sleep(0.05)
@@ -184,19 +189,19 @@ def run_ray_tasks(tasks: list, config: dict, tokenizer_files: str, dest: str, ad
         for entry in os.listdir(dest):
             if entry.endswith(".part"):
                 os.remove(os.path.join(dest, entry))
-    nodes = {n: {"started": k, "finished": 0} for n, k in Counter(n for _, n in starts).items()}
+    nodes = {n: {"started": k, "finished": 0} for n, k in Counter(n for _, n in starts or ()).items()}
     for r in results:
-        nodes.setdefault(r["node"], {"started": 0, "finished": 0})["finished"] += 1
-    retried = len(starts) - len({i for i, _ in starts})
+        nodes.setdefault(r["node"], {"started": 0 if starts is not None else None, "finished": 0})["finished"] += 1
+    retried = None if starts is None else len(starts) - len({i for i, _ in starts})
     return results, {"num_workers": int(ray.cluster_resources().get("CPU", 0)), "retried": retried, "nodes": nodes}
 
 
-def _read(ray, ledger, since: int) -> list:
-    """Starts recorded since the ``since``-th; none if the ledger is unreachable (it only informs)."""
+def _read(ray, ledger, since: int) -> list | None:
+    """Starts recorded since the ``since``-th; None if the ledger is unreachable (it only informs)."""
     try:
         return ray.get(ledger.read.remote(since), timeout=10)
-    except Exception:  # the ledger's node lost, or a slow cluster: the counts are informational
-        return []
+    except Exception:  # the driver's node lost, or a slow cluster: the counts are informational
+        return None
 
 
 def _get(ray, ref):
