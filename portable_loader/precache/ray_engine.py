@@ -7,8 +7,9 @@ shard goes to ``dest``: into the run's temporary folder (shared filesystem) unde
 then renamed; or, for a bucket prefix, into a local temporary file on the node, then uploaded by
 the task itself (the driver uploads only the manifest, last). A task whose node is lost is rerun
 elsewhere (``max_retries``) and overwrites its shard with the same bytes, so the cache is the one the
-local engine builds. On the first error in input order, or Ctrl-C, every task is cancelled and
-waited for before the caller removes the temporary files.
+local engine builds. Tasks are submitted in input order, two per CPU in flight. On the first error
+in input order no further task starts and those in flight are waited for; on Ctrl-C they are
+cancelled; then the caller removes the temporary files.
 
 Each task attempt reports its start to the run's ledger (a small named actor,
 ``portable_loader-precache-<random>``, on the driver's node) and returns its node's id, so
@@ -146,14 +147,23 @@ def run_ray_tasks(tasks: list, config: dict, tokenizer_files: str, dest: str, ad
     ledger = ray.remote(num_cpus=0, max_restarts=0)(_Ledger).options(name=name, scheduling_strategy=here).remote()
     remote = ray.remote(num_cpus=1, max_retries=_MAX_RETRIES, retry_exceptions=False)(_ray_task)
     config_ref = ray.put(config)
-    refs = [remote.remote(t, config_ref, tokenizer_files, dest, storage_options, ledger) for t in tasks]
-    index = {r: i for i, r in enumerate(refs)}
-    results: list = [None] * len(refs)
+    # Tasks go out in input order, a window of two per CPU at a time: every CPU has its next task queued,
+    # the driver holds few references, and a failed run has only the window's tasks left to end.
+    window = 2 * max(1, int(ray.cluster_resources().get("CPU", 1)))
+    refs: list = []  # submitted so far; refs[i] runs tasks[i]
+    index: dict = {}
+    results: list = [None] * len(tasks)
     starts: list = []
+    waiting: list = []
     bar = tqdm(total=total, unit="rows", disable=not show_progress, file=sys.stderr, smoothing=0.1)
     try:
-        waiting, first, polled = list(refs), 0, 0.0
-        while first < len(refs):
+        first, polled = 0, 0.0
+        while first < len(tasks):
+            while len(refs) < len(tasks) and len(waiting) < window:
+                ref = remote.remote(tasks[len(refs)], config_ref, tokenizer_files, dest, storage_options, ledger)
+                index[ref] = len(refs)
+                refs.append(ref)
+                waiting.append(ref)
             done, waiting = ray.wait(waiting, num_returns=len(waiting), timeout=0.2)
             for ref in done:
                 results[index[ref]] = ref
@@ -165,7 +175,7 @@ def run_ray_tasks(tasks: list, config: dict, tokenizer_files: str, dest: str, ad
             if show_progress and time.monotonic() - polled > 1.0:
                 polled = time.monotonic()
                 starts += _read(ray, ledger, len(starts)) or []
-                bar.set_postfix_str(f"tasks {len(refs) - len(waiting)}/{len(refs)}, "
+                bar.set_postfix_str(f"tasks {len(refs) - len(waiting)}/{len(tasks)}, "
                                     f"retried {len(starts) - len({i for i, _ in starts})}", refresh=False)
         # A start is reported as the task begins, without waiting; one may still be on its way (as when
         # the ledger came up after the tasks did): wait a little for every finished task's start.
@@ -179,8 +189,13 @@ def run_ray_tasks(tasks: list, config: dict, tokenizer_files: str, dest: str, ad
             if len({i for i, _ in starts}) == len(tasks) or time.monotonic() > deadline:
                 break
             time.sleep(0.05)
+    except KeyboardInterrupt:
+        _cancel(ray, waiting)
+        raise
     except BaseException:
-        _cancel(ray, refs)
+        # A failed run lets the window's tasks end by themselves (each is one task's work): Ray can
+        # crash the driver when a cancel races a task's completion (ray-project/ray#54798's kind).
+        _settle(ray, waiting)
         raise
     finally:
         bar.close()
@@ -213,6 +228,17 @@ def _get(ray, ref):
         if isinstance(cause, BaseException):
             raise cause from None
         raise
+
+
+def _settle(ray, refs: list, seconds: float = 600) -> None:
+    """Wait for the tasks to end by themselves (cancelled after ``seconds``), so none writes into a
+    removed folder."""
+    try:
+        _, pending = ray.wait(refs, num_returns=len(refs), timeout=seconds) if refs else ([], [])
+    except Exception:  # the cluster itself failing: cancel what may still run
+        pending = refs
+    if pending:
+        _cancel(ray, pending)
 
 
 def _cancel(ray, refs: list) -> None:
