@@ -2,6 +2,7 @@
 
     python scripts/bench_precache.py                      # 30k alpaca rows, phi-3-mini (32k BPE)
     python scripts/bench_precache.py --rows 5000 --open-rows 200000
+    python scripts/bench_precache.py --engines            # local engine vs Ray, into precache_ray.csv/svg
 
 Contenders (every one does the same per-row work through ``Formatter``: render, tokenize, mask):
   (a) precache: slice workers, each reading its own row range and writing its own shard
@@ -13,6 +14,12 @@ Each runs in a fresh interpreter with its libraries imported and the tokenizer l
 warms transformers' lazy imports, ~3 s here): start-up is not throughput.
 Then a cache hit: ``open_cache`` of an ``--open-rows`` cache against ``datasets.load_from_disk``
 and ``load_from_disk(...).to_list()``, with the RSS each one costs.
+
+``--engines``: ``engine="local"`` against ``engine="ray"`` with the same number of processes, 1 and
+3: Ray on a ``ray.cluster_utils.Cluster`` of this machine (a head and worker nodes of 1 CPU each, on
+127.0.0.1). Each driver is a fresh process and builds twice (cold: Ray's workers start and load the
+tokenizer; warm: they are reused); local and Ray drivers alternate for ``--rounds`` rounds, best of
+each: rows/s, Ray's time over local's, and the driver's peak RSS (the highest seen).
 """
 
 from __future__ import annotations
@@ -33,7 +40,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DATA = os.path.join(os.path.dirname(ROOT), "shared", "data")
 sys.path.insert(0, os.path.join(ROOT, "scripts"))
 
-from benchlib import add_output_args, bar_svg, machine, write_table  # noqa: E402
+from benchlib import add_output_args, bar_svg, grouped_svg, machine, write_table  # noqa: E402
 
 import portable_loader as pl  # noqa: E402
 from portable_loader.cache import ShardWriter, write_manifest, FORMAT_VERSION  # noqa: E402
@@ -198,14 +205,100 @@ def _probe(path, how):
     return [float(x) for x in out.split()]
 
 
+def _kib(field: str) -> int:
+    return next(int(line.split()[1]) for line in open("/proc/self/status") if line.startswith(field))
+
+
+def drive(inp: str, tok: str, out: str, engine: str, processes: int, address: str | None) -> str:
+    """One driver: two builds of ``inp`` (cold, warm); seconds, and the driver's peak RSS in MiB."""
+    from portable_loader.precache import build_cache
+
+    if engine == "ray":
+        import ray
+
+        ray.init(address=address, _node_ip_address="127.0.0.1", log_to_driver=False, logging_level="ERROR")
+    open("/proc/self/clear_refs", "w").write("5")  # from here on, VmHWM is this driver's build peak
+    base = _kib("VmRSS")
+    seconds = []
+    for _ in range(2):
+        t = time.perf_counter()
+        _, s = build_cache(inp, tokenizer=tok, format="alpaca", out=out, max_length=2048, force=True,
+                           engine=engine, num_workers=processes, ray_address=address)
+        seconds.append(time.perf_counter() - t)
+    return json.dumps({"cold": seconds[0], "warm": seconds[1], "tasks": s["tasks"],
+                       "peak_mib": _kib("VmHWM") / 1024, "growth_mib": (_kib("VmHWM") - base) / 1024})
+
+
+def _drive(inp, tok, engine, processes, address=None) -> dict:
+    out = tempfile.mkdtemp(prefix="bench-engines-")
+    code = (f"import sys; sys.path.insert(0, {os.path.join(ROOT, 'scripts')!r}); import bench_precache as b; "
+            f"print(b.drive({inp!r}, {tok!r}, {out!r}, {engine!r}, {processes}, {address!r}))")
+    try:
+        r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                           env=dict(os.environ, TOKENIZERS_PARALLELISM="false"))
+        return json.loads(r.stdout.strip().splitlines()[-1])
+    finally:
+        shutil.rmtree(out, ignore_errors=True)
+
+
+def engines(args) -> None:
+    """``--engines``: local vs Ray with 1 and 3 processes (see the module docstring)."""
+    os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"  # every Ray process on 127.0.0.1
+    from ray.cluster_utils import Cluster
+
+    node = dict(num_cpus=1, node_ip_address="127.0.0.1", include_dashboard=False, object_store_memory=80 << 20)
+    print(f"machine: {machine()}; {args.rows:,} alpaca rows; tokenizer {os.path.basename(args.tokenizer)}")
+    work = tempfile.mkdtemp(prefix="bench-engines-")
+    rows = []
+    try:
+        inp = os.path.join(work, "alpaca.jsonl")
+        make_input(inp, args.rows)
+        for processes in (1, 3):
+            cluster = Cluster(initialize_head=True, head_node_args=node)
+            try:
+                for _ in range(processes - 1):
+                    cluster.add_node(**node)
+                cluster.wait_for_nodes()
+                # Interleaved rounds, best of each: the machine is shared, and its load drifts.
+                runs = {"local": [], "ray": []}
+                for _ in range(args.rounds):
+                    runs["local"].append(_drive(inp, args.tokenizer, "local", processes))
+                    runs["ray"].append(_drive(inp, args.tokenizer, "ray", processes, cluster.address))
+            finally:
+                cluster.shutdown()
+            best = {e: {k: (max if k.endswith("mib") else min)(r[k] for r in rs) for k in rs[0]} for e, rs in runs.items()}
+            local = best["local"]
+            for name, r in best.items():
+                row = [name, processes, args.rows, r["tasks"], r["cold"], r["warm"], args.rows / r["warm"],
+                       r["cold"] / local["cold"], r["warm"] / local["warm"], r["peak_mib"], r["growth_mib"]]
+                rows.append(row)
+                print(f"{name:5s} x{processes}: cold {r['cold']:6.2f} s, warm {r['warm']:6.2f} s = "
+                      f"{row[6]:7,.0f} rows/s ({row[8]:.2f}x local's time); driver peak RSS {r['peak_mib']:.0f} MiB "
+                      f"(+{r['growth_mib']:.0f} MiB in the builds)", flush=True)
+        write_table(args, ["engine", "processes", "rows", "tasks", "cold_seconds", "warm_seconds", "rows_per_s",
+                           "cold_vs_local", "warm_vs_local", "driver_peak_rss_mib", "driver_build_growth_mib"], rows)
+        grouped_svg(args, f"precache of {args.rows:,} alpaca rows: local engine vs Ray (1 CPU per node), warm",
+                    [f"{p} process{'es' if p > 1 else ''}" for p in (1, 3)],
+                    {e: [r[6] for r in rows if r[0] == e] for e in ("local", "ray")}, "rows/s")
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--rows", type=int, default=30_000)
+    p.add_argument("--rows", type=int, default=None, help="default 30,000; with --engines 12,000")
     p.add_argument("--tokenizer", default=os.path.join(DATA, "tokenizers", "phi-3-mini"))
     p.add_argument("--workers", type=int, default=len(os.sched_getaffinity(0)))
     p.add_argument("--open-rows", type=int, default=1_000_000)
     p.add_argument("--skip-list", action="store_true", help="skip load_from_disk(...).to_list() (slow)")
-    args = add_output_args(p, "precache").parse_args()
+    p.add_argument("--engines", action="store_true", help="only local vs Ray: precache_ray.csv/svg")
+    p.add_argument("--rounds", type=int, default=2, help="--engines: interleaved rounds (best of)")
+    engines_only = "--engines" in sys.argv[1:]
+    args = add_output_args(p, "precache_ray" if engines_only else "precache").parse_args()
+    if args.engines:
+        args.rows = args.rows or 12_000
+        return engines(args)
+    args.rows = args.rows or 30_000
     print(f"machine: {machine()}; {args.workers} workers; {args.rows:,} alpaca rows; tokenizer {os.path.basename(args.tokenizer)}")
     work = tempfile.mkdtemp(prefix="bench-precache-")
     try:

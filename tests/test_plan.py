@@ -45,6 +45,36 @@ def test_tasks_never_span_files_and_read_alone_give_the_tables_rows(tmp_path_fac
     assert plan_tasks(open_inputs(str(folder), f"train[{lo}:{hi}]"), per_task) == tasks
 
 
+@pytest.mark.parametrize("gz", [False, True])
+def test_a_task_opened_at_its_seek_point_reads_its_rows_without_reading_the_file_before_it(tmp_path, gz):
+    """Checkpoints every 7 lines, so tasks start past line 0; then every byte before each task's seek
+    offset is overwritten (same length, no newline): a reader that scanned or read from the start
+    would number the lines wrongly or hit garbage. A gzip file has no seek: it reads from its start."""
+    import gzip
+
+    import portable_loader.io.tables as tables
+
+    lines = [json.dumps({"text": f"row {i}"}) + "\n" for i in range(100)]
+    lines[40] = "  \n"  # a blank line is a row number with nothing to read, as for the whole table
+    path = tmp_path / ("a.jsonl.gz" if gz else "a.jsonl")
+    data = "".join(lines).encode()
+    path.write_bytes(gzip.compress(data) if gz else data)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(tables, "_CHECKPOINT_EVERY", 7)
+        table = open_inputs(str(path))
+        tasks = plan_tasks(table, 16)
+        want = {t.index: list(table.read(t.lo, t.hi)) for t in tasks}
+    assert [t.seek[0] for t in tasks] == [100] * len(tasks)  # the file's row count, from the listing
+    assert [t.seek[1] for t in tasks] == ([0] * len(tasks) if gz else [t.file_lo // 7 * 7 for t in tasks])
+    assert all(t.seek[1] <= t.file_lo for t in tasks) and (gz or tasks[-1].seek[2] > 0)
+    for t in tasks:
+        if not gz:
+            path.write_bytes(b"x" * t.seek[2] + data[t.seek[2]:])
+        alone = open_input(str(path), seek=t.seek)
+        assert len(alone) == 100 and list(alone.read(t.file_lo, t.hi)) == want[t.index]
+        assert alone.where(t.file_lo) == f"line {t.file_lo + 1}"
+
+
 def test_rows_per_task_must_be_a_positive_integer(tmp_path):
     (tmp_path / "a.jsonl").write_text('{"text": "x"}\n')
     for bad in (0, -1, 1.5, True, None):

@@ -84,6 +84,9 @@ def test_ray_build_is_byte_identical_to_local_and_a_hit_for_local(inputs, local,
                                 show_progress=True, **options())
     assert "900/900" in capsys.readouterr().err  # the driver's progress bar counted every row
     assert summary["engine"] == "ray" and not summary["hit"] and summary["num_workers"] == 3
+    nodes = summary["nodes"]  # every task started once and finished where it started; none was rerun
+    assert summary["retried"] == 0 and all(n["started"] == n["finished"] for n in nodes.values())
+    assert sum(n["finished"] for n in nodes.values()) == 24 and set(nodes) <= {n["NodeID"] for n in ray.nodes()}
     assert os.path.basename(path) == os.path.basename(local)  # the engine is not in the key
     assert shard_digests(path) == shard_digests(local) and len(shard_digests(path)) == 24
     assert pl.open_cache(path).manifest["content_checksum"] == pl.open_cache(local).manifest["content_checksum"]
@@ -137,6 +140,20 @@ def test_ray_not_installed_is_a_clear_error(inputs, tmp_path):
     assert no_temp_left(tmp_path)
 
 
+def ledger_starts(timeout=120) -> list:
+    """The running build's task starts ``(task, node id)``, read from its ledger actor."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        names = [n for n in ray.util.list_named_actors() if n.startswith("portable_loader-precache-")]
+        if names:
+            try:
+                return ray.get(ray.get_actor(names[0]).read.remote(0), timeout=10)
+            except (ValueError, ray.exceptions.RayActorError):  # ended between the listing and the call
+                pass
+        time.sleep(0.05)
+    return []
+
+
 def test_node_lost_mid_run_reruns_its_tasks_and_the_cache_is_identical(inputs, local, cluster, tmp_path):
     c, workers = cluster
     out = tmp_path / "c"
@@ -149,16 +166,17 @@ def test_node_lost_mid_run_reruns_its_tasks_and_the_cache_is_identical(inputs, l
         except BaseException as e:  # reported by the assertion below
             got["error"] = e
 
+    # Not the node this driver is attached to (the build's ledger is there): any other may be lost.
+    victim = next(w for w in workers[::-1] if w.node_id != ray.get_runtime_context().get_node_id())
+    workers.remove(victim)
     thread = threading.Thread(target=build)
     thread.start()
-    # Wait until tasks are running (a first shard is in the temporary folder), then kill a node.
+    # Wait until a task has started on the node to remove (the build's ledger says so), then kill it.
     deadline = time.monotonic() + 120
-    while thread.is_alive() and time.monotonic() < deadline and not any(
-        n.startswith("data-") for d in (out.glob(".tmp-*") if out.exists() else []) if d.is_dir() for n in os.listdir(d)
-    ):
+    while thread.is_alive() and time.monotonic() < deadline and victim.node_id not in {n for _, n in ledger_starts(5)}:
         time.sleep(0.01)
     assert thread.is_alive(), f"the build ended before a node could be removed: {got}"
-    c.remove_node(workers.pop(), allow_graceful=False)
+    c.remove_node(victim, allow_graceful=False)
     thread.join(300)
     workers.append(c.add_node(**NODE))  # for the tests after this one
     assert "error" not in got, got.get("error")
@@ -168,6 +186,12 @@ def test_node_lost_mid_run_reruns_its_tasks_and_the_cache_is_identical(inputs, l
     assert os.path.basename(path) == os.path.basename(want) and summary["tasks"] == 90
     assert shard_digests(path) == shard_digests(want)
     assert sorted(os.listdir(path)) == sorted(os.listdir(want))  # no partial shard of a killed task left
+    # Tasks ran on the removed node; every one that started there and did not finish there was rerun.
+    nodes = summary["nodes"]
+    assert nodes[victim.node_id]["started"] >= 1, nodes
+    killed = nodes[victim.node_id]["started"] - nodes[victim.node_id]["finished"]
+    assert summary["retried"] >= killed and sum(n["finished"] for n in nodes.values()) == 90, summary
+    print(f"removed node: {nodes[victim.node_id]}; tasks retried: {summary['retried']}")
 
 
 def test_bad_row_stops_the_run_names_file_and_line_publishes_nothing_and_the_cluster_stays_usable(
@@ -191,12 +215,136 @@ def test_bad_row_stops_the_run_names_file_and_line_publishes_nothing_and_the_clu
     assert not summary["hit"] and shard_digests(path) == shard_digests(local)
 
 
+DRIVER_PEAKS = """
+import json, sys, ray
+from portable_loader.precache import build_cache
+
+def kib(field):  # VmHWM: the peak RSS since the last reset; VmRSS: now
+    return next(int(line.split()[1]) for line in open("/proc/self/status") if line.startswith(field))
+
+address, out, options, warm, inputs = json.loads(sys.argv[1])
+ray.init(address=address, _node_ip_address="127.0.0.1", log_to_driver=False)
+build_cache(warm, out=out, engine="ray", ray_address=address, **options)  # the fixed costs: tokenizer, Ray
+for path in inputs:
+    open("/proc/self/clear_refs", "w").write("5")  # reset VmHWM to the RSS now
+    base = kib("VmRSS")
+    cache, _ = build_cache(path, out=out, engine="ray", ray_address=address, **{**options, "rows_per_task": 1000})
+    print(json.dumps({"path": path, "growth": (kib("VmHWM") - base) * 1024, "peak": kib("VmHWM") * 1024,
+                      "cache": cache}))
+"""
+
+
+def padded_input(path, megabytes):
+    """Chat rows with a 10 KB extra column (as raw crawls carry): bytes to list, few rows to tokenize."""
+    rows = [json.loads(line) for line in open(sample_args()["input"]) if line.strip()]
+    with open(path, "w") as f:
+        written = i = 0
+        while written < megabytes * 10**6:
+            written += f.write(json.dumps({**rows[i % len(rows)], "meta": f"{i:010d}" * 1000}) + "\n")
+            i += 1
+    return os.path.getsize(path)
+
+
+def test_the_drivers_peak_rss_does_not_grow_with_the_input(inputs, cluster, tmp_path):
+    """A fresh driver process, warmed by one small build, builds a 50 MB and a 200 MB input: what its
+    peak RSS grows by during each build is independent of the input and well under 30% of its size."""
+    if not os.access("/proc/self/clear_refs", os.W_OK):
+        pytest.skip("needs Linux's /proc/self/clear_refs to reset the peak RSS")
+    sizes = {str(tmp_path / f"in-{mb}.jsonl"): padded_input(tmp_path / f"in-{mb}.jsonl", mb) for mb in (50, 200)}
+    argv = json.dumps([cluster[0].address, str(tmp_path / "c"), options(), str(inputs), list(sizes)])
+    r = subprocess.run([sys.executable, "-c", DRIVER_PEAKS, argv], capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    runs = [json.loads(line) for line in r.stdout.splitlines() if line.startswith("{")]
+    small, big = [run["growth"] for run in runs]
+    assert [run["path"] for run in runs] == list(sizes)
+    for run in runs:  # what is left is the listing's read buffer (8 MiB) and small change
+        assert run["growth"] < 0.3 * sizes[run["path"]], runs
+    assert big - small < 0.02 * (max(sizes.values()) - min(sizes.values())), runs  # no slope with the input
+    # The 200 MB input's tasks open it at seek offsets past its first 4,096 lines: the same shards.
+    want, summary = build_cache(list(sizes)[1], out=tmp_path / "local", num_workers=1, **options(rows_per_task=1000))
+    assert summary["tasks"] == 20 and shard_digests(runs[1]["cache"]) == shard_digests(want)
+    for run in runs:
+        print(f"{sizes[run['path']] / 1e6:.0f} MB input: driver peak RSS {run['peak'] / 1e6:.1f} MB, "
+              f"+{run['growth'] / 1e6:.1f} MB during the build")
+
+
 def test_an_in_memory_dataset_is_refused_with_the_way_out(cluster, tmp_path):
     datasets = pytest.importorskip("datasets")
     ds = datasets.Dataset.from_list([json.loads(line) for line in open(sample_args()["input"]) if line.strip()])
     with pytest.raises(PortableLoaderError, match="save_to_disk"):
         build_cache(ds, out=tmp_path, engine="ray", ray_address=cluster[0].address, **options())
     assert no_temp_left(tmp_path)
+
+
+@pytest.fixture(scope="module")
+def bucket(inputs):
+    """A moto S3 server on 127.0.0.1 holding the inputs, and the storage_options that reach it.
+    (moto keeps one store per process: the bucket is named apart from test_s3.py's.)
+
+    No environment variable points at it: the Ray workers (started without one) can reach the bucket
+    only through the storage_options each task carries."""
+    pytest.importorskip("s3fs")
+    moto_server = pytest.importorskip("moto.server")
+    server = moto_server.ThreadedMotoServer(ip_address=LOOPBACK, port=0)
+    server.start()
+    host, port = server.get_host_and_port()
+    so = {"endpoint_url": f"http://{host}:{port}", "key": "testing", "secret": "testing"}
+    import s3fs
+
+    fs = s3fs.S3FileSystem(**so)
+    fs.mkdir("ray-bkt")
+    for k in range(3):
+        fs.pipe_file(f"ray-bkt/in/part-{k}.jsonl", (inputs / f"part-{k}.jsonl").read_bytes())
+    yield fs, so
+    server.stop()
+
+
+def test_ray_from_a_bucket_to_a_bucket_tasks_upload_their_shards_driver_the_manifest_last(
+        local, cluster, bucket, monkeypatch):
+    import s3fs
+
+    fs, so = bucket
+    driver_puts = []  # what this process (the driver) uploads: never a shard
+    real_put = s3fs.S3FileSystem._put_file
+
+    async def spy(self, lpath, rpath, *args, **kwargs):
+        driver_puts.append(os.path.basename(rpath))
+        return await real_put(self, lpath, rpath, *args, **kwargs)
+
+    monkeypatch.setattr(s3fs.S3FileSystem, "_put_file", spy)
+    s3fs.S3FileSystem.clear_instance_cache()  # an instance binds its sync methods when made
+    try:
+        url, summary = build_cache("s3://ray-bkt/in/", out="s3://ray-bkt/caches", engine="ray",
+                                   ray_address=cluster[0].address, storage_options=so, **options())
+    finally:
+        monkeypatch.undo()
+        s3fs.S3FileSystem.clear_instance_cache()
+    assert url.startswith("s3://ray-bkt/caches/chat-") and summary["engine"] == "ray" and summary["tasks"] == 24
+    assert driver_puts == ["dataset_info.json", "state.json", "manifest.json"]
+    path = url.removeprefix("s3://")
+    shards = {os.path.basename(p): hashlib.sha256(fs.cat_file(p)).hexdigest() for p in fs.find(path)
+              if os.path.basename(p).startswith("data-")}
+    assert shards == shard_digests(local)  # byte-identical to the local engine's build of the same files
+    fs.invalidate_cache()
+    manifest_time = fs.info(f"{path}/manifest.json")["LastModified"]
+    assert all(fs.info(f"{path}/{name}")["LastModified"] <= manifest_time for name in shards)
+    assert pl.open_cache(url, cache_dir=local + "-fetched", storage_options=so).manifest["content_checksum"] == \
+        pl.open_cache(local).manifest["content_checksum"]
+    again, s = build_cache("s3://ray-bkt/in/", out="s3://ray-bkt/caches", engine="ray", storage_options=so, **options())
+    assert s["hit"] and again == url
+
+
+def test_ray_bucket_build_that_fails_leaves_nothing_in_the_bucket(inputs, cluster, bucket):
+    fs, so = bucket
+    for k in range(3):
+        data = (inputs / f"part-{k}.jsonl").read_bytes()
+        fs.pipe_file(f"ray-bkt/bad/part-{k}.jsonl", data + b'{"messages": [\n' if k == 2 else data)
+    with pytest.raises(BadRowError) as e:
+        build_cache("s3://ray-bkt/bad/", out="s3://ray-bkt/failed", engine="ray", ray_address=cluster[0].address,
+                    storage_options=so, **options())
+    assert "s3://ray-bkt/bad/part-2.jsonl" in str(e.value) and "line 401" in str(e.value)
+    fs.invalidate_cache()
+    assert not fs.exists("ray-bkt/failed") or fs.find("ray-bkt/failed") == []  # the shards tasks uploaded: removed
 
 
 def idle_cpus():

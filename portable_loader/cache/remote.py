@@ -25,7 +25,7 @@ from portable_loader.errors import CacheError
 from portable_loader.cache.shardstore import ShardStore
 from portable_loader.io.remote import filesystem, join
 
-__all__ = ["upload_cache", "remote_manifest", "open_store", "parse_bytes", "default_cache_dir"]
+__all__ = ["upload_cache", "unpublish", "discard_unpublished", "remote_manifest", "open_store", "parse_bytes", "default_cache_dir"]
 
 _UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
           "kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30, "tib": 1 << 40}
@@ -56,11 +56,42 @@ def default_cache_dir() -> str:
 def upload_cache(local: str, url: str, storage_options: dict | None = None, replace: bool = False) -> None:
     """Upload the cache built at ``local`` to ``url``: every other file first, ``manifest.json`` last."""
     fs, path = filesystem(url, storage_options)
-    if replace and fs.exists(join(path, MANIFEST)):
-        fs.rm(join(path, MANIFEST))  # unpublish first: never a manifest over shards being replaced
+    if replace:
+        unpublish(url, storage_options)  # never a manifest over shards being replaced
     names = sorted(n for n in os.listdir(local) if n != MANIFEST)
     for name in names + [MANIFEST]:
         fs.put_file(os.path.join(local, name), join(path, name))
+
+
+def unpublish(url: str, storage_options: dict | None = None) -> None:
+    """Remove the manifest at ``url`` (if any): the cache there can no longer be opened.
+
+    Example:
+        >>> unpublish("s3://bucket/caches/text-0123")     # doctest: +SKIP
+    """
+    fs, path = filesystem(url, storage_options)
+    if fs.exists(join(path, MANIFEST)):
+        fs.rm(join(path, MANIFEST))
+
+
+def discard_unpublished(url: str, storage_options: dict | None = None) -> None:
+    """Remove every object under ``url`` unless a manifest is there: what a failed build uploaded.
+
+    Objects without a manifest are no cache (readers open only what a manifest lists); a build that
+    fails after its tasks uploaded shards leaves them to this. Best effort: the caller is reporting
+    the build's own error.
+
+    Example:
+        >>> discard_unpublished("s3://bucket/caches/text-0123")     # doctest: +SKIP
+    """
+    try:
+        fs, path = filesystem(url, storage_options)
+        if not fs.exists(join(path, MANIFEST)):
+            found = fs.find(path)
+            if found:
+                fs.rm(found)
+    except Exception:  # noqa: BLE001 (the build's own error is the one to report)
+        pass
 
 
 def remote_manifest(url: str, storage_options: dict | None = None) -> dict | None:

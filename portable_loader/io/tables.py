@@ -38,7 +38,9 @@ __all__ = ["InputTable", "open_input", "file_digest", "SUPPORTED"]
 SUPPORTED = (".parquet", ".jsonl", ".jsonl.gz", ".ndjson", ".json", ".txt", ".txt.gz")
 
 _CHECKPOINT_EVERY = 4096  # JSONL/txt: remember the byte offset of every 4096th line
-_SCAN_CHUNK = 16 << 20
+# The scan holds a chunk and its newline mask (2x this) at once: small enough that a precache driver,
+# which lists the input, stays far below its size; big enough that numpy's per-chunk cost is noise.
+_SCAN_CHUNK = 4 << 20
 
 
 def file_digest(path: str, h=None) -> str:
@@ -91,6 +93,16 @@ class InputTable:
 
     def where(self, row: int) -> str:
         return f"row {self.start + row}"
+
+    def seek_point(self, raw_row: int) -> tuple[int, int, int] | None:
+        """``(rows, line, byte)`` that :func:`open_input` ``seek=`` takes to read from ``raw_row`` on
+        without listing the file again; None where opening costs no scan (Parquet, ...).
+
+        Example:
+            >>> open_input("big.jsonl").seek_point(5000)   # doctest: +SKIP
+            (10000, 4096, 1843921)
+        """
+        return None
 
     def read(self, lo: int, hi: int) -> Iterator[tuple[int, dict]]:
         """Rows ``lo..hi-1`` of the window, numbered from 0 at the window's start."""
@@ -155,10 +167,16 @@ def _parquet(path: str, storage_options: dict | None = None):
 
 
 class _LineTable(InputTable):
-    def __init__(self, path: str, split: str | None, storage_options: dict | None = None):
+    def __init__(self, path: str, split: str | None, storage_options: dict | None = None,
+                 seek: tuple[int, int, int] | None = None):
         self.storage_options = storage_options
         self.gz = path.endswith(".gz")
-        self.checkpoints, self.total = self._scan(path)
+        if seek is None:
+            self.checkpoints, self.total = self._scan(path)
+            self._known = None
+        else:  # what a listing found: no scan (a precache task reads one range of a file it never listed)
+            self.total, line, byte = (int(x) for x in seek)
+            self.checkpoints, self._known, self._digest = None, (line, byte), None
         super().__init__(path, self.total, split)
 
     def _scan(self, path: str) -> tuple[list[int], int]:
@@ -195,14 +213,24 @@ class _LineTable(InputTable):
     def where(self, row: int) -> str:
         return f"line {self.start + row + 1}"
 
+    def seek_point(self, raw_row: int) -> tuple[int, int, int]:
+        line, byte = self._start(raw_row)
+        return self.total, line, byte
+
+    def _start(self, line: int) -> tuple[int, int]:
+        """``(line, byte)``: the nearest known line start at or before ``line`` (a gzip file: its start)."""
+        if self.gz:
+            return 0, 0
+        if self._known is not None:
+            return self._known if self._known[0] <= line else (0, 0)
+        first = line // _CHECKPOINT_EVERY
+        return first * _CHECKPOINT_EVERY, self.checkpoints[first]
+
     def _lines(self, lo: int, hi: int) -> Iterator[tuple[int, bytes]]:
         with _open_bytes(self.path, self.storage_options) as f:
-            first = lo // _CHECKPOINT_EVERY
-            if self.gz:
-                line_no = 0
-            else:
-                f.seek(self.checkpoints[first])
-                line_no = first * _CHECKPOINT_EVERY
+            line_no, byte = self._start(lo)
+            if byte:
+                f.seek(byte)
             for line in f:
                 if line_no >= hi:
                     break
@@ -435,8 +463,13 @@ def _first_byte(path: str, storage_options: dict | None) -> bytes:
     return head[:1]
 
 
-def open_input(path: str, split: str | None = None, storage_options: dict | None = None) -> InputTable:
+def open_input(path: str, split: str | None = None, storage_options: dict | None = None, *,
+               seek: tuple[int, int, int] | None = None) -> InputTable:
     """Open an input by its path's form: a folder (datasets), ``.parquet``, a ``.json`` list, ``.txt``, else JSONL.
+
+    ``seek``: the table's ``seek_point(row)`` from an earlier opening of this file. A JSONL or text
+    file then opens without being scanned, and reads from ``row`` on start at that byte (so a precache
+    task on another node reads only its own rows). Other kinds ignore it.
 
     Example:
         >>> open_input("missing.jsonl")
@@ -459,5 +492,5 @@ def open_input(path: str, split: str | None = None, storage_options: dict | None
     if name.endswith(".json") and _first_byte(path, so) == b"[":
         return JsonListTable(path, split, so)
     if name.endswith(".txt") or name.endswith(".txt.gz"):
-        return TextLinesTable(path, split, so)
-    return JsonLinesTable(path, split, so)
+        return TextLinesTable(path, split, so, seek)
+    return JsonLinesTable(path, split, so, seek)

@@ -41,7 +41,13 @@ from portable_loader.cache.manifest import (
     write_manifest,
 )
 from portable_loader.cache.publish import clean_stale, publish, staging_dir, temp_dir
-from portable_loader.cache.remote import check_remote_shards, remote_manifest, upload_cache
+from portable_loader.cache.remote import (
+    check_remote_shards,
+    discard_unpublished,
+    remote_manifest,
+    unpublish,
+    upload_cache,
+)
 from portable_loader.cache.writer import ARRAY_RECORD_OPTIONS
 from portable_loader.errors import CacheError, PortableLoaderError
 from portable_loader.io import describe, open_inputs
@@ -152,22 +158,29 @@ def build_cache(
         # Validates the format against the tokenizer (EOS, chat template) before any work.
         Formatter(format, tok, fields=fields, max_length=max_length, overlong=overlong, path=table.path, transcript=transcript)
         tmp = None
+        # Ray tasks upload their own shards beside where the manifest will be; the driver, the manifest.
+        tasks_upload = remote and engine == "ray"
         try:
             tmp = temp_dir(staging, name)
             if rows_per_task is None:
                 rows_per_task = default_rows_per_task(len(table))
+            if tasks_upload and force:
+                unpublish(final, storage_options)  # never a manifest over shards being replaced
             manifest, run = _tokenize_into(tmp, table, config, key, rows_per_task, show_progress,
-                                           num_workers=num_workers, engine=engine, ray_address=ray_address)
+                                           num_workers=num_workers, engine=engine, ray_address=ray_address,
+                                           shards_to=final if tasks_upload else tmp, storage_options=storage_options)
             manifest.update(key=key, key_parts=key_parts, config=config)
             write_manifest(tmp, manifest)
             if remote:
-                upload_cache(tmp, final, storage_options, replace=force)
+                upload_cache(tmp, final, storage_options, replace=force and not tasks_upload)
                 shutil.rmtree(tmp, ignore_errors=True)
             else:
                 publish(tmp, final, replace=force)
         except BaseException as e:
             if tmp is not None:
                 shutil.rmtree(tmp, ignore_errors=True)
+            if tasks_upload:
+                discard_unpublished(final, storage_options)
             if isinstance(e, OSError):  # ENOSPC, EFBIG, EACCES, EIO while writing: not a bug of ours
                 raise CacheError(f"{out}: cannot write the cache: {e.strerror or e} (nothing was published)") from e
             raise
@@ -265,18 +278,21 @@ def _is_int(x) -> bool:
 
 
 def _tokenize_into(tmp: str, table, config: dict, key: str, rows_per_task: int, show_progress: bool, *,
-                   num_workers: int | None, engine: str, ray_address: str | None) -> tuple[dict, dict]:
-    """Run the plan's tasks into ``tmp``: the manifest (less key and config) and how it ran."""
+                   num_workers: int | None, engine: str, ray_address: str | None, shards_to: str,
+                   storage_options: dict | None) -> tuple[dict, dict]:
+    """Run the plan's tasks, shards into ``shards_to`` (``tmp``, or for Ray a bucket prefix): the
+    manifest (less key and config) and how it ran."""
     rows = len(table)
     plan = plan_tasks(table, rows_per_task)
     t = time.perf_counter()
     if engine == "ray":
         from portable_loader.precache.ray_engine import run_ray_tasks
 
-        results, workers = run_ray_tasks(plan, config, key, tmp, ray_address, show_progress, rows)
+        results, run = run_ray_tasks(plan, config, key, shards_to, ray_address, show_progress, rows, storage_options)
     else:
         common = {"config": config, "table": table, "tokenizer_files": key, "tmp": tmp}
         results, workers = run_tasks(plan, common, num_workers, show_progress, rows)
+        run = {"num_workers": workers}
     seconds = time.perf_counter() - t
     dropped: Counter = Counter()
     for r in results:
@@ -305,7 +321,7 @@ def _tokenize_into(tmp: str, table, config: dict, key: str, rows_per_task: int, 
         "content_checksum": f"{content:032x}",
         "shards": [r["shard"] for r in results],
         "created_unix": int(time.time()),
-    }, {"engine": engine, "num_workers": workers}
+    }, {"engine": engine, **run}
 
 
 def precache(input, *, tokenizer: str, format: str, out: str, **options) -> str:

@@ -175,7 +175,9 @@ def _build(argv: list[str]) -> int:
         print(f"cache hit: {s['rows_out']} records, {s['tokens']} tokens (nothing tokenized, {s['seconds']:.2f} s)")
     else:
         rate = s["rows_in"] / max(s["tokenize_seconds"], 1e-9)
-        ran_on = f"Ray CPUs: {s['num_workers']}" if s["engine"] == "ray" else f"workers: {s['num_workers']}"
+        ran_on = f"workers: {s['num_workers']}"
+        if s["engine"] == "ray":
+            ran_on = f"Ray CPUs: {s['num_workers']}  nodes: {len(s['nodes'])}  retried: {'unknown' if s['retried'] is None else s['retried']}"
         print(
             f"rows in: {s['rows_in']}  rows out: {s['rows_out']}  dropped: {_fmt_dropped(s['dropped'])}  "
             f"truncated: {s['truncated']}\ntokens: {s['tokens']} ({s['trainable_tokens']} trained)  "

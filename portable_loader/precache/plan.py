@@ -44,6 +44,9 @@ class ShardTask(NamedTuple):
 
     The rows all lie in one file: ``file`` (None for an in-memory dataset), where ``lo`` is row
     ``file_lo`` of that file read alone (no split), so a remote worker can read them from storage.
+    ``seek`` (JSONL and text files): where the listing found line ``file_lo`` or one a little before it
+    (see :meth:`~portable_loader.io.tables.InputTable.seek_point`), so the worker opens the file there
+    instead of scanning it from the start.
 
     Example:
         >>> ShardTask(0, 1, 0, 10, "x.jsonl", 0).shard("array_record")
@@ -56,6 +59,7 @@ class ShardTask(NamedTuple):
     hi: int
     file: str | None
     file_lo: int
+    seek: tuple[int, int, int] | None = None
 
     def shard(self, backend: str) -> str:
         return shard_name(backend, self.index, self.count)
@@ -85,22 +89,24 @@ def plan_tasks(table, rows_per_task: int = DEFAULT_ROWS_PER_TASK) -> list[ShardT
     if isinstance(rows_per_task, bool) or not isinstance(rows_per_task, int) or rows_per_task < 1:
         raise ValueError(f"rows_per_task must be an integer >= 1, got {rows_per_task!r}")
     pieces = []
-    for path, lo, hi, file_lo in _file_spans(table):
-        pieces += [(path, a, b, file_lo + a - lo) for a, b in split_rows(lo, hi, rows_per_task)]
-    return [ShardTask(i, len(pieces), a, b, path, f) for i, (path, a, b, f) in enumerate(pieces)]
+    for t, path, lo, hi, file_lo in _file_spans(table):
+        for a, b in split_rows(lo, hi, rows_per_task):
+            f = file_lo + a - lo
+            pieces.append((a, b, path, f, t.seek_point(f)))
+    return [ShardTask(i, len(pieces), *piece) for i, piece in enumerate(pieces)]
 
 
-def _file_spans(table) -> list[tuple[str | None, int, int, int]]:
-    """``(file, window_lo, window_hi, file_lo)`` for each file with rows in the table's window."""
+def _file_spans(table) -> list[tuple]:
+    """``(file's table, file, window_lo, window_hi, file_lo)`` for each file with rows in the window."""
     parts = getattr(table, "tables", None)
     if parts is None:
         path = table.path if table.kind != "hf_dataset" else None
-        return [(path, 0, len(table), table.start)]
+        return [(table, path, 0, len(table), table.start)]
     spans = []
     for k, t in enumerate(parts):
         a, b = max(table.start, int(table.bounds[k])), min(table.stop, int(table.bounds[k + 1]))
         if a < b:
-            spans.append((t.path, a - table.start, b - table.start, t.start + a - int(table.bounds[k])))
+            spans.append((t, t.path, a - table.start, b - table.start, t.start + a - int(table.bounds[k])))
     return spans
 
 
