@@ -33,14 +33,15 @@ class Spans(NamedTuple):
 
     Record ``k`` (the ``k``-th index asked for) has ``length[k]`` tokens; its ``input_ids`` are the
     int32 bytes ``ids[buf[k]][ids_at[k] : ids_at[k] + 4 * length[k]]`` and its ``loss_mask`` the
-    bytes ``masks[buf[k]][mask_at[k] : mask_at[k] + length[k]]``. ``ids`` and ``masks`` are 1-D
-    uint8 arrays: an Arrow cache's memory-mapped column buffers (nothing is copied), or one buffer
-    holding the ArrayRecord records read.
+    bytes ``masks[buf[k]][mask_at[k] : mask_at[k] + length[k]]``. ``ids`` and ``masks`` are
+    memoryviews of bytes: an Arrow cache's memory-mapped column buffers (nothing is copied), or one
+    buffer holding the ArrayRecord records read. (Memoryviews: a slice copy between two costs
+    0.2 µs, between numpy arrays 0.9 µs, and a batch makes three per record.)
 
     Example:
         >>> sp = src.spans([4, 9]); sp.length                    # doctest: +SKIP
         [212, 87]
-        >>> ids = sp.ids[sp.buf[0]][sp.ids_at[0]:][: 4 * sp.length[0]].view(np.int32)  # doctest: +SKIP
+        >>> ids = np.frombuffer(sp.ids[sp.buf[0]][sp.ids_at[0]:][: 4 * sp.length[0]], np.int32)  # doctest: +SKIP
         >>> bool((ids == src[4]["input_ids"]).all())             # doctest: +SKIP
         True
     """
@@ -159,7 +160,9 @@ class ArrowCacheSource(_CacheSource):
         # memoryview reads (plain ints) cost less than the numpy calls' fixed price.
         self._seg_list = starts + [row]
         self._offsets_mv = [memoryview(o) for o in self._offsets]
-        self._ids_bytes = [a.view(np.uint8) for a in self._ids]  # what spans() hands out
+        # What spans() hands out: byte views of the memory-mapped columns.
+        self._ids_bytes = [memoryview(a.view(np.uint8)) for a in self._ids]
+        self._mask_bytes = [memoryview(a) for a in self._mask]
 
     def _locate(self, indices) -> tuple[list[int], list[int]]:
         """(shard batch, row within it) of each index, as Python lists."""
@@ -215,7 +218,7 @@ class ArrowCacheSource(_CacheSource):
                 first[group] = offsets[j]
                 last[group] = offsets[j + 1]
             segs, starts, length = seg.tolist(), first.tolist(), (last - first).tolist()
-        return Spans(self._ids_bytes, self._mask, segs, [4 * a for a in starts], starts, length)
+        return Spans(self._ids_bytes, self._mask_bytes, segs, [4 * a for a in starts], starts, length)
 
     def lengths(self, indices: Sequence[int] | np.ndarray) -> np.ndarray:
         """Token counts of records, vectorized (what a packer needs before it reads anything)."""
@@ -337,7 +340,7 @@ class ArrayRecordCacheSource(_CacheSource):
             [212, 87]
         """
         raws = self._raw(self._indices(indices), remember=False)
-        buf = np.frombuffer(b"".join(raws), dtype=np.uint8)
+        buf = memoryview(b"".join(raws))
         size = np.fromiter(map(len, raws), dtype=np.int64, count=len(raws))
         start = np.cumsum(size) - size
         n = size // 5  # a record is its int32 ids, then its uint8 mask
