@@ -61,7 +61,8 @@ def test_reads_match_the_oracle_whatever_the_memo_holds(caches, backend, ops, me
         else:
             assert src.prefetch(idx) is None
         if backend == "array_record":
-            assert src._memo_size <= max(memo_bytes, 0) and src._memo_size == sum(map(len, src._memo.values()))
+            assert src._memo_size <= max(memo_bytes, 0)
+            assert src._memo_size == sum(len(r) for block in src._memo for r in block.values())
     assert [as_tuple(r) for r in src[0:N_ROWS]] == expected
 
 
