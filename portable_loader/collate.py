@@ -57,32 +57,38 @@ def pack(record_indices: np.ndarray, lengths: np.ndarray, seq_len: int, overlong
     """
     if overlong not in OVERLONG:
         raise ValueError(f"overlong must be one of {OVERLONG}, got {overlong!r}")
-    pieces: list[Piece] = []
-    for idx, n in zip(record_indices.tolist(), lengths.tolist()):
-        if n > seq_len and overlong != "split":
-            if overlong == "truncate":
-                pieces.append((idx, 0, seq_len))
-            continue
-        for start in range(0, n, seq_len):
-            pieces.append((idx, start, min(n, start + seq_len)))
-    sizes = [p[2] - p[1] for p in pieces]
+    idx_list, len_list = record_indices.tolist(), lengths.tolist()
+    if not len_list or (max(len_list) <= seq_len and min(len_list) > 0):  # common: a record, a piece
+        pieces = list(zip(idx_list, [0] * len(idx_list), len_list))
+        sizes = len_list
+    else:
+        pieces = []
+        for idx, n in zip(idx_list, len_list):
+            if n > seq_len and overlong != "split":
+                if overlong == "truncate":
+                    pieces.append((idx, 0, seq_len))
+                continue
+            for start in range(0, n, seq_len):
+                pieces.append((idx, start, min(n, start + seq_len)))
+        sizes = [p[2] - p[1] for p in pieces]
     rows: list[list[Piece]] = []
     # Free rows as one sorted list of ints room << 32 | row: the same order as (room, row) tuples,
     # compared several times faster. The first entry >= size << 32 is the row with the least room
     # that fits, the lowest-numbered among equals.
     free: list[int] = []
+    find, insort, take = bisect.bisect_left, bisect.insort, free.pop
     for i in np.argsort(-np.asarray(sizes, dtype=np.int64), kind="stable").tolist():
         size = sizes[i]
-        slot = bisect.bisect_left(free, size << 32)
+        slot = find(free, size << 32)
         if slot < len(free):
-            key = free.pop(slot)
+            key = take(slot)
             room, row = key >> 32, key & 0xFFFFFFFF
+            rows[row].append(pieces[i])
         else:
             room, row = seq_len, len(rows)
-            rows.append([])
-        rows[row].append(pieces[i])
+            rows.append([pieces[i]])
         if room > size:
-            bisect.insort(free, (room - size) << 32 | row)
+            insort(free, (room - size) << 32 | row)
     return rows
 
 
