@@ -65,7 +65,8 @@ class InlineEngine:
             raise StopIteration
         rows, self.cursor = planned
         loader = self.loader
-        rows = loader.local_rows(rows)
+        if loader.shard_count > 1:
+            rows = loader.local_rows(rows)
         if self._spans is None:
             return build_batch(loader.source, rows, loader.seq_len, loader.pad_id, loader.fields), self.cursor
         if self._ahead is not None:
