@@ -224,15 +224,15 @@ def collate_spans(
     """
     fields = fields if type(fields) is tuple and fields in _CHECKED else check_fields(fields)
     n = len(rows)
-    ids = np.full((n, seq_len), pad_id, dtype=np.int32) if pad_id else np.zeros((n, seq_len), dtype=np.int32)
-    out = {"input_ids": ids}
+    # Flat arrays, written through byte memoryviews and shaped [n, seq_len] once filled.
+    flat = {"input_ids": np.full(n * seq_len, pad_id, dtype=np.int32) if pad_id else np.zeros(n * seq_len, np.int32)}
     for name in fields[1:]:
-        out[name] = np.zeros((n, seq_len), dtype=np.int32 if name in ("segment_ids", "positions") else np.uint8)
-    ids8 = memoryview(ids.reshape(-1).view(np.uint8))
-    lm = memoryview(out["loss_mask"].reshape(-1)) if "loss_mask" in out else None
-    att = memoryview(out["attention_mask"].reshape(-1)) if "attention_mask" in out else None
-    ones = _ones(seq_len) if att is not None else None
-    per_piece = "segment_ids" in out or "positions" in out
+        flat[name] = np.zeros(n * seq_len, dtype=np.int32 if name in ("segment_ids", "positions") else np.uint8)
+    ids8 = memoryview(flat["input_ids"]).cast("B")
+    lm = memoryview(flat["loss_mask"]) if "loss_mask" in flat else None
+    att = memoryview(flat["attention_mask"]) if "attention_mask" in flat else None
+    ones = (_ONES.get(seq_len) or _ones(seq_len)) if att is not None else None
+    per_piece = "segment_ids" in flat or "positions" in flat
     id_bufs, mask_bufs, buf, ids_at, mask_at, length = spans
     row_len, sizes, numbers = [], [], []
     base = 0
@@ -258,6 +258,7 @@ def collate_spans(
             att[base:at] = ones[: at - base]
         row_len.append(at - base)
         base += seq_len
+    out = {name: values.reshape(n, seq_len) for name, values in flat.items()}
     if per_piece and sizes:
         _fill_pieces(out, row_len, np.asarray(sizes, dtype=np.int64), numbers)
     return out
@@ -268,9 +269,7 @@ _ONES: dict[int, memoryview] = {}
 
 def _ones(n: int) -> memoryview:
     """``n`` bytes of 1 (the attention mask's source), made once per row length."""
-    ones = _ONES.get(n)
-    if ones is None:
-        ones = _ONES[n] = memoryview(b"\x01" * n)
+    ones = _ONES[n] = memoryview(b"\x01" * n)
     return ones
 
 

@@ -59,9 +59,12 @@ def span_record(spans, k):
     return np.frombuffer(ids, np.int32).tolist(), list(mask)
 
 
-# Few (a Python loop) and many (vectorized, grouped by shard batch) indices, repeats, negatives.
+# Few indices, many among many shard batches (both Python loops), and many more than shard
+# batches (vectorized, grouped by shard batch); repeats and negatives.
 indices = st.one_of(st.lists(st.integers(-N, N - 1), max_size=20),
-                    st.lists(st.integers(-N, N - 1), min_size=65, max_size=400))
+                    st.lists(st.integers(-N, N - 1), min_size=65, max_size=400),
+                    st.builds(lambda seed, n: np.random.default_rng(seed).integers(-N, N, n).tolist(),
+                              st.integers(0, 2**32 - 1), st.integers(800, 3000)))
 
 
 @pytest.mark.parametrize("backend", ["arrow", "array_record"])

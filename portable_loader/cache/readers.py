@@ -201,23 +201,27 @@ class ArrowCacheSource(_CacheSource):
         """
         idx = self._indices(indices)
         if idx.size <= _FEW:
-            offsets = self._offsets_mv
             segs, local = self._locate(idx)
-            starts = [offsets[s][j] for s, j in zip(segs, local)]
-            length = [offsets[s][j + 1] - a for s, j, a in zip(segs, local, starts)]
         else:
             seg = np.searchsorted(self._seg_starts, idx, side="right") - 1
-            local = idx - self._seg_starts[seg]
-            first = np.empty(idx.size, dtype=np.int64)
-            last = np.empty(idx.size, dtype=np.int64)
+            local_arr = idx - self._seg_starts[seg]
             order = np.argsort(seg, kind="stable")
             bounds = np.flatnonzero(np.diff(seg[order])) + 1
-            # One gather per shard batch met (a few for a loader's chunk of 4,096 records).
-            for group in np.split(order, bounds):
-                offsets, j = self._offsets[seg[group[0]]], local[group]
-                first[group] = offsets[j]
-                last[group] = offsets[j + 1]
-            segs, starts, length = seg.tolist(), first.tolist(), (last - first).tolist()
+            if bounds.size < idx.size // 16:
+                # One gather per shard batch met (a few for a loader's chunk of 4,096 records).
+                first = np.empty(idx.size, dtype=np.int64)
+                last = np.empty(idx.size, dtype=np.int64)
+                for group in np.split(order, bounds):
+                    offsets, j = self._offsets[seg[group[0]]], local_arr[group]
+                    first[group] = offsets[j]
+                    last[group] = offsets[j + 1]
+                starts = first.tolist()
+                return Spans(self._ids_bytes, self._mask_bytes, seg.tolist(), [4 * a for a in starts], starts,
+                             (last - first).tolist())
+            segs, local = seg.tolist(), local_arr.tolist()  # many shard batches: a loop costs less
+        offsets = self._offsets_mv
+        starts = [offsets[s][j] for s, j in zip(segs, local)]
+        length = [offsets[s][j + 1] - a for s, j, a in zip(segs, local, starts)]
         return Spans(self._ids_bytes, self._mask_bytes, segs, [4 * a for a in starts], starts, length)
 
     def lengths(self, indices: Sequence[int] | np.ndarray) -> np.ndarray:
