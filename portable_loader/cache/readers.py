@@ -298,10 +298,16 @@ class ArrayRecordCacheSource(_CacheSource):
     def _read(self, idx: np.ndarray) -> list[bytes]:
         """Raw records at global indices ``idx``, in order, straight from the shards."""
         if idx.size < self.bulk_min:
-            starts, readers, out = self._starts_list, self._readers, []
-            for i in idx.tolist():
-                s = bisect.bisect_right(starts, i) - 1
-                out.extend(readers[s].read(i - starts[s], i - starts[s] + 1))
+            readers, out = self._readers, []
+            if idx.size <= _FEW:
+                starts = self._starts_list
+                for i in idx.tolist():
+                    s = bisect.bisect_right(starts, i) - 1
+                    out += readers[s].read(i - starts[s], i - starts[s] + 1)
+                return out
+            shard = np.searchsorted(self._shard_starts, idx, side="right") - 1
+            for s, j in zip(shard.tolist(), (idx - self._shard_starts[shard]).tolist()):
+                out += readers[s].read(j, j + 1)
             return out
         shard = np.searchsorted(self._shard_starts, idx, side="right") - 1
         local = idx - self._shard_starts[shard]
