@@ -206,11 +206,11 @@ def collate_spans(
 ) -> dict[str, np.ndarray]:
     """``collate`` from ``spans`` (a cache's ``Spans``): record ``i`` is entry ``where[i]`` of it.
 
-    The same batch as ``collate`` over the records, bit for bit. Tokens, masks and the attention
-    mask go by one memoryview slice copy per piece into the flat output (no record dicts, no numpy
-    views per record: 0.2 µs a copy against 0.9 µs through numpy); ``segment_ids`` and
-    ``positions`` are built for the whole batch at once and stored one slice per row. A record
-    missing from ``where`` raises ``KeyError``.
+    The same batch as ``collate`` over the records, bit for bit. Every field goes by one memoryview
+    slice copy per piece into the flat output (no record dicts, no numpy views per record: 0.2 µs
+    a copy against 0.9 µs through numpy; ``positions`` from a ramp 0, 1, ...), ``segment_ids`` by a
+    scalar fill (both measured cheaper than building them for the batch with ``np.repeat``). A
+    record missing from ``where`` raises ``KeyError``.
 
     Why a loop over pieces and not a boolean-mask or fancy-index store: at 8 x 2048 those write
     every slot of the batch (17-27 µs measured) where per-piece copies write only the real tokens.
@@ -232,9 +232,10 @@ def collate_spans(
     lm = memoryview(flat["loss_mask"]) if "loss_mask" in flat else None
     att = memoryview(flat["attention_mask"]) if "attention_mask" in flat else None
     ones = (_ONES.get(seq_len) or _ones(seq_len)) if att is not None else None
-    per_piece = "segment_ids" in flat or "positions" in flat
+    seg = flat.get("segment_ids")  # numpy: a scalar fill per piece
+    pos = memoryview(flat["positions"]) if "positions" in flat else None
+    ramp = (_RAMPS.get(seq_len) or _ramp(seq_len)) if pos is not None else None
     id_bufs, mask_bufs, buf, ids_at, mask_at, length = spans
-    row_len, sizes, numbers = [], [], []
     base = 0
     for row in rows:
         at = base
@@ -250,21 +251,19 @@ def collate_spans(
             if lm is not None:
                 q = mask_at[k] + start
                 lm[at : at + size] = mask_bufs[b][q : q + size]
+            if seg is not None:
+                seg[at : at + size] = number
+            if pos is not None:
+                pos[at : at + size] = ramp[:size]
             at += size
-            if per_piece:
-                sizes.append(size)
-                numbers.append(number)
         if att is not None:  # each row's tokens are a prefix of it
             att[base:at] = ones[: at - base]
-        row_len.append(at - base)
         base += seq_len
-    out = {name: values.reshape(n, seq_len) for name, values in flat.items()}
-    if per_piece and sizes:
-        _fill_pieces(out, row_len, np.asarray(sizes, dtype=np.int64), numbers)
-    return out
+    return {name: values.reshape(n, seq_len) for name, values in flat.items()}
 
 
 _ONES: dict[int, memoryview] = {}
+_RAMPS: dict[int, memoryview] = {}
 
 
 def _ones(n: int) -> memoryview:
@@ -273,17 +272,7 @@ def _ones(n: int) -> memoryview:
     return ones
 
 
-def _fill_pieces(out: dict, row_len: list[int], size: np.ndarray, numbers: list[int]) -> None:
-    """``segment_ids`` and ``positions`` of the pieces (in row order), one slice per row and field."""
-    flat = {}
-    if "segment_ids" in out:
-        flat["segment_ids"] = np.repeat(np.asarray(numbers, dtype=np.int32), size)
-    if "positions" in out:
-        starts = (np.cumsum(size) - size).astype(np.int32)
-        flat["positions"] = np.arange(int(size.sum()), dtype=np.int32) - np.repeat(starts, size)
-    at = 0
-    for r, count in enumerate(row_len):
-        if count:
-            for name, values in flat.items():
-                out[name][r, :count] = values[at : at + count]
-        at += count
+def _ramp(n: int) -> memoryview:
+    """0, 1, ..., n - 1 as int32 (the positions' source), made once per row length."""
+    ramp = _RAMPS[n] = memoryview(np.arange(n, dtype=np.int32))
+    return ramp
