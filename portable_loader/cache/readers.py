@@ -360,13 +360,16 @@ class ArrayRecordCacheSource(_CacheSource):
         """The records read (or taken from the memo), each its own buffer (see :class:`Spans`).
 
         One call for many records (a loader's next steps) costs a memoryview per record instead of
-        a record dict and two numpy views.
+        a record dict and two numpy views. A call for many records keeps them in the memo: a
+        loader reads the next packing window ahead, and its planner then asks for the window's
+        lengths (without the memo, every packed record was read twice).
 
         Example:
             >>> src.spans([4, 9]).length                  # doctest: +SKIP
             [212, 87]
         """
-        raws = self._raw(self._indices(indices), remember=False)
+        idx = self._indices(indices)
+        raws = self._raw(idx, remember=idx.size > _FEW)
         views = list(map(memoryview, raws))  # no copy (joining them costs a copy and fresh pages)
         n = [len(raw) // 5 for raw in raws]  # a record is its int32 ids, then its uint8 mask
         return Spans(views, views, list(range(len(raws))), [0] * len(raws), [4 * m for m in n], n)
