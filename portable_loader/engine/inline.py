@@ -46,8 +46,9 @@ def build_batch(source, rows, seq_len: int, pad_id: int, fields=FIELDS) -> dict[
 class InlineEngine:
     """No prefetch: plan, fetch and collate in the caller's thread.
 
-    ``loader`` is a ``DataLoader`` (anything with ``source``, ``seq_len``, ``pad_id``, ``fields``
-    and ``local_rows``); ``next()`` returns ``(batch, cursor after it)``.
+    ``loader`` is a ``DataLoader`` (its ``source``, ``seq_len``, ``pad_id``, ``fields``, shard and
+    batch-size settings and ``local_rows``); ``next()`` returns ``(batch, cursor after it)``. Over a
+    source with ``spans`` it reads ahead (see the module's docstring).
 
     Example:
         >>> engine = InlineEngine(loader, loader.planner(), Cursor(0, 0, 0))   # doctest: +SKIP
