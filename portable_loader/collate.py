@@ -256,6 +256,8 @@ def collate_spans(
             if pos is not None:
                 pos[at : at + size] = ramp[:size]
             at += size
+        if at - base > seq_len:  # the flat output would run on into the next row: refuse the plan
+            raise ValueError(f"a row of {at - base} tokens does not fit seq_len {seq_len}: {row!r:.200}")
         if att is not None:  # each row's tokens are a prefix of it
             att[base:at] = ones[: at - base]
         base += seq_len

@@ -189,3 +189,17 @@ def test_worker_processes_give_the_same_batches(caches, backend):
         got = take(workers, 40)
     with iter(pl.DataLoader(generic(src), prefetch=0, **kw)) as slow:
         assert same(got, take(slow, 40))
+
+
+@pytest.mark.parametrize("backend", ["arrow", "array_record"])
+def test_a_row_longer_than_seq_len_is_refused(caches, backend):
+    """A plan whose row holds more tokens than ``seq_len`` is an error (``collate`` raises one too),
+    never a silent spill into the next row of the flat output."""
+    src = pl.open_cache(caches[backend])
+    lengths = src.lengths(np.arange(N))
+    i, j = (int(k) for k in np.flatnonzero(lengths >= 20)[:2])
+    rows = [[(i, 0, 20), (j, 0, 20)], []]
+    with pytest.raises(ValueError):
+        collate(rows, dict(zip([i, j], src.__getitems__([i, j]))), 30, 0, FIELDS)
+    with pytest.raises(ValueError, match="does not fit seq_len 30"):
+        collate_spans(rows, src.spans([i, j]), {i: 0, j: 1}, 30, 0, FIELDS)
