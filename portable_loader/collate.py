@@ -11,6 +11,8 @@ function of the records' lengths); ``collate`` turns row plans and fetched recor
 
 ``fields`` picks which of them a batch holds (each costs a fill): the loader asks for
 ``PADDED_FIELDS`` when padding and all of ``FIELDS`` when packing, unless told otherwise.
+``collate_spans`` fills the same batch from a cache's ``Spans`` (where the records' bytes lie)
+instead of record dicts: the loader's path for caches.
 
 Example:
     >>> rows = pack(np.array([7, 8]), np.array([3, 2]), seq_len=4)
@@ -29,7 +31,7 @@ from typing import Mapping, Sequence
 
 import numpy as np
 
-__all__ = ["FIELDS", "OVERLONG", "PADDED_FIELDS", "Piece", "check_fields", "collate", "pack"]
+__all__ = ["FIELDS", "OVERLONG", "PADDED_FIELDS", "Piece", "check_fields", "collate", "collate_spans", "pack"]
 
 Piece = tuple  # (record_index, start, end)
 
@@ -55,32 +57,38 @@ def pack(record_indices: np.ndarray, lengths: np.ndarray, seq_len: int, overlong
     """
     if overlong not in OVERLONG:
         raise ValueError(f"overlong must be one of {OVERLONG}, got {overlong!r}")
-    pieces: list[Piece] = []
-    for idx, n in zip(record_indices.tolist(), lengths.tolist()):
-        if n > seq_len and overlong != "split":
-            if overlong == "truncate":
-                pieces.append((idx, 0, seq_len))
-            continue
-        for start in range(0, n, seq_len):
-            pieces.append((idx, start, min(n, start + seq_len)))
-    sizes = [p[2] - p[1] for p in pieces]
+    idx_list, len_list = record_indices.tolist(), lengths.tolist()
+    if not len_list or (max(len_list) <= seq_len and min(len_list) > 0):  # common: a record, a piece
+        pieces = list(zip(idx_list, [0] * len(idx_list), len_list))
+        sizes = len_list
+    else:
+        pieces = []
+        for idx, n in zip(idx_list, len_list):
+            if n > seq_len and overlong != "split":
+                if overlong == "truncate":
+                    pieces.append((idx, 0, seq_len))
+                continue
+            for start in range(0, n, seq_len):
+                pieces.append((idx, start, min(n, start + seq_len)))
+        sizes = [p[2] - p[1] for p in pieces]
     rows: list[list[Piece]] = []
     # Free rows as one sorted list of ints room << 32 | row: the same order as (room, row) tuples,
     # compared several times faster. The first entry >= size << 32 is the row with the least room
     # that fits, the lowest-numbered among equals.
     free: list[int] = []
+    find, insort, take = bisect.bisect_left, bisect.insort, free.pop
     for i in np.argsort(-np.asarray(sizes, dtype=np.int64), kind="stable").tolist():
         size = sizes[i]
-        slot = bisect.bisect_left(free, size << 32)
+        slot = find(free, size << 32)
         if slot < len(free):
-            key = free.pop(slot)
+            key = take(slot)
             room, row = key >> 32, key & 0xFFFFFFFF
+            rows[row].append(pieces[i])
         else:
             room, row = seq_len, len(rows)
-            rows.append([])
-        rows[row].append(pieces[i])
+            rows.append([pieces[i]])
         if room > size:
-            bisect.insort(free, (room - size) << 32 | row)
+            insort(free, (room - size) << 32 | row)
     return rows
 
 
@@ -190,3 +198,83 @@ def _fill_concat(out: dict, rows, records) -> list[int]:
             out[name][r, :length] = values[at : at + length]
         at += length
     return row_len
+
+
+def collate_spans(
+    rows: Sequence[Sequence[Piece]], spans, where: Mapping[int, int], seq_len: int, pad_id: int = 0,
+    fields: Sequence[str] = FIELDS,
+) -> dict[str, np.ndarray]:
+    """``collate`` from ``spans`` (a cache's ``Spans``): record ``i`` is entry ``where[i]`` of it.
+
+    The same batch as ``collate`` over the records, bit for bit. Every field goes by one memoryview
+    slice copy per piece into the flat output (no record dicts, no numpy views per record: 0.2 µs
+    a copy against 0.9 µs through numpy; ``positions`` from a ramp 0, 1, ...), ``segment_ids`` by a
+    scalar fill (both measured cheaper than building them for the batch with ``np.repeat``). A
+    record missing from ``where`` raises ``KeyError``.
+
+    Why a loop over pieces and not a boolean-mask or fancy-index store: at 8 x 2048 those write
+    every slot of the batch (17-27 µs measured) where per-piece copies write only the real tokens.
+
+    Example:
+        >>> from portable_loader.cache.readers import Spans
+        >>> buf = memoryview(np.array([5, 6, 7], np.int32).tobytes() + bytes([0, 1, 1]))
+        >>> sp = Spans([buf], [buf], [0], [0], [12], [3])
+        >>> collate_spans([[(42, 1, 9)]], sp, {42: 0}, seq_len=4)["input_ids"].tolist()
+        [[6, 7, 0, 0]]
+    """
+    fields = fields if type(fields) is tuple and fields in _CHECKED else check_fields(fields)
+    n = len(rows)
+    # Flat arrays, written through byte memoryviews and shaped [n, seq_len] once filled.
+    flat = {"input_ids": np.full(n * seq_len, pad_id, dtype=np.int32) if pad_id else np.zeros(n * seq_len, np.int32)}
+    for name in fields[1:]:
+        flat[name] = np.zeros(n * seq_len, dtype=np.int32 if name in ("segment_ids", "positions") else np.uint8)
+    ids8 = memoryview(flat["input_ids"]).cast("B")
+    lm = memoryview(flat["loss_mask"]) if "loss_mask" in flat else None
+    att = memoryview(flat["attention_mask"]) if "attention_mask" in flat else None
+    ones = (_ONES.get(seq_len) or _ones(seq_len)) if att is not None else None
+    seg = flat.get("segment_ids")  # numpy: a scalar fill per piece
+    pos = memoryview(flat["positions"]) if "positions" in flat else None
+    ramp = (_RAMPS.get(seq_len) or _ramp(seq_len)) if pos is not None else None
+    id_bufs, mask_bufs, buf, ids_at, mask_at, length = spans
+    base = 0
+    for row in rows:
+        at = base
+        for number, (idx, start, end) in enumerate(row, start=1):
+            k = where[idx]
+            m = length[k]
+            size = (end if end < m else m) - start  # end past the record's length: cut to it
+            if size < 0:
+                size = 0
+            b = buf[k]
+            p = ids_at[k] + 4 * start
+            ids8[4 * at : 4 * (at + size)] = id_bufs[b][p : p + 4 * size]
+            if lm is not None:
+                q = mask_at[k] + start
+                lm[at : at + size] = mask_bufs[b][q : q + size]
+            if seg is not None:
+                seg[at : at + size] = number
+            if pos is not None:
+                pos[at : at + size] = ramp[:size]
+            at += size
+        if at - base > seq_len:  # the flat output would run on into the next row: refuse the plan
+            raise ValueError(f"a row of {at - base} tokens does not fit seq_len {seq_len}: {row!r:.200}")
+        if att is not None:  # each row's tokens are a prefix of it
+            att[base:at] = ones[: at - base]
+        base += seq_len
+    return {name: values.reshape(n, seq_len) for name, values in flat.items()}
+
+
+_ONES: dict[int, memoryview] = {}
+_RAMPS: dict[int, memoryview] = {}
+
+
+def _ones(n: int) -> memoryview:
+    """``n`` bytes of 1 (the attention mask's source), made once per row length."""
+    ones = _ONES[n] = memoryview(b"\x01" * n)
+    return ones
+
+
+def _ramp(n: int) -> memoryview:
+    """0, 1, ..., n - 1 as int32 (the positions' source), made once per row length."""
+    ramp = _RAMPS[n] = memoryview(np.arange(n, dtype=np.int32))
+    return ramp

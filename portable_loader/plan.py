@@ -173,6 +173,26 @@ class Planner:
         first = chunk * _CHUNK
         return lengths[lo - first : hi - first]
 
+    def upcoming(self, cur: Cursor) -> np.ndarray:
+        """Records of the steps from ``cur`` on that the plan knows at no extra cost, in stream order.
+
+        Padding: the rest of the chunk of positions ``cur`` is in; packing: window ``cur.window``'s
+        records. A reader fetches them in one call ahead of the steps that need them.
+
+        Example:
+            >>> p = Planner(LCGSampler(10, seed=0, num_epochs=1), 10, global_batch_size=4, seq_len=8)
+            >>> p.upcoming(Cursor(1, 0, 0)).size    # positions 4..9
+            6
+        """
+        if self.packing:
+            if self.num_windows is not None and cur.window >= self.num_windows:
+                return np.empty(0, dtype=np.int64)
+            return self._window_records(cur.window)
+        lo = self.resolve(cur).samples
+        hi = (lo // _CHUNK + 1) * _CHUNK
+        hi = hi if self.total is None else min(hi, self.total)
+        return self.records(lo, hi) if lo < hi else np.empty(0, dtype=np.int64)
+
     @property
     def num_windows(self) -> int | None:
         """Packing windows in a finite stream (the last one may be short); None when endless."""

@@ -10,8 +10,9 @@ Shuffled global batches of 8 x 2048, in one process, no workers. Padded (one rec
   (c) portable_loader on the Arrow cache
   (d) torch DataLoader over datasets.load_from_disk (numpy format) with a RandomSampler
   (e) the ceiling: a raw numpy memmap gather of random records into a preallocated batch
-(a) also runs with the source's ``prefetch`` hook called 64 steps ahead, and over a copy of the
-ArrayRecord files written uncompressed (the cache writer uses zstd).
+(a) also runs over a copy of the ArrayRecord files rewritten by the library's writer with
+``group_size:1,uncompressed`` (what the cache writer writes too: a check that nothing differs).
+The loader reads ahead by itself (one ``spans`` call per 4,096 positions or packing window).
 Packed (records first-fit into rows of 2048): portable_loader on both backends against Grain's
 FirstFitPackIterDataset (8 bins) over MapDataset.source().shuffle() of the same ArrayRecord files.
 Every contender runs ``--steps`` batches in each of ``--rounds`` interleaved rounds (the machine may
@@ -37,7 +38,6 @@ from benchlib import add_output_args, bar_svg, machine, write_table  # noqa: E40
 
 import portable_loader as pl  # noqa: E402
 from portable_loader.cache import FORMAT_VERSION, ShardWriter, write_manifest  # noqa: E402
-from portable_loader.loader import build_batch  # noqa: E402
 from portable_loader.plan import Cursor  # noqa: E402
 from portable_loader.state import make_state  # noqa: E402
 
@@ -79,7 +79,7 @@ def build_caches(work: str, records: int, tokenizer: str) -> dict:
 
 
 def uncompressed_copy(src: str, dst: str) -> None:
-    """The same records in ArrayRecord shards written without compression (the writer uses zstd)."""
+    """The same records rewritten by the library's own writer, one uncompressed record per chunk."""
     import hashlib
     import json
 
@@ -133,24 +133,6 @@ def timed(batches, steps: int, seconds: float) -> tuple[float, float]:
 def ours(path: str, packing: bool = False):
     loader = pl.DataLoader(pl.open_cache(path), global_batch_size=B, seq_len=S, seed=0, packing=packing, prefetch=0)
     return iter(loader)
-
-
-def ours_readahead(path: str, ahead: int):
-    """The inline engine plus the source's ``prefetch`` hook, called every ``ahead`` steps with the
-    records of the next ``ahead`` batches (``Planner.records`` is pure: no record is read to know
-    them). This is the call the loader's engine should make; it is here until the engine makes it."""
-    loader = pl.DataLoader(pl.open_cache(path), global_batch_size=B, seq_len=S, seed=0, prefetch=0)
-    planner, cursor = loader.planner(), Cursor(0, 0, 0)
-    prefetch = loader.source.cache.prefetch
-    while True:
-        if cursor.step % ahead == 0:
-            hi = (cursor.step + ahead) * B
-            prefetch(planner.records(cursor.step * B, hi if planner.total is None else min(hi, planner.total)))
-        planned = planner.step(cursor)
-        if planned is None:
-            return
-        rows, cursor = planned
-        yield build_batch(loader.source, loader.local_rows(rows), S, loader.pad_id)
 
 
 def _parse_pad(raw: bytes) -> dict:
@@ -305,7 +287,6 @@ def rss_over_epoch(path: str, records: int) -> dict:
 
 PADDED = {
     "(a) portable_loader, ArrayRecord": lambda p, w: ours(p["array_record"]),
-    "(a) portable_loader, ArrayRecord, prefetch 64 steps": lambda p, w: ours_readahead(p["array_record"], 64),
     "(a) portable_loader, ArrayRecord written uncompressed": lambda p, w: ours(p["array_record_uncompressed"]),
     "(b) Grain MapDataset, same ArrayRecord": lambda p, w: grain_mapdataset(p["array_record"]),
     "(b) grain.DataLoader + IndexSampler, same ArrayRecord": lambda p, w: grain_dataloader(p["array_record"]),
@@ -355,9 +336,7 @@ def main() -> None:
 
     ratios = {
         "padded ArrayRecord / Arrow": ratio("(a) portable_loader, ArrayRecord", "(c) portable_loader, Arrow"),
-        "padded ArrayRecord with prefetch / Arrow": ratio("(a) portable_loader, ArrayRecord, prefetch 64 steps", "(c) portable_loader, Arrow"),
         "padded ArrayRecord / Grain MapDataset": ratio("(a) portable_loader, ArrayRecord", "(b) Grain MapDataset, same ArrayRecord"),
-        "padded ArrayRecord with prefetch / Grain MapDataset": ratio("(a) portable_loader, ArrayRecord, prefetch 64 steps", "(b) Grain MapDataset, same ArrayRecord"),
         "padded ArrayRecord / grain.DataLoader": ratio("(a) portable_loader, ArrayRecord", "(b) grain.DataLoader + IndexSampler, same ArrayRecord"),
         "padded Arrow / memmap ceiling": ratio("(c) portable_loader, Arrow", "(e) ceiling: numpy memmap gather"),
         "padded ArrayRecord uncompressed / Arrow": ratio("(a) portable_loader, ArrayRecord written uncompressed", "(c) portable_loader, Arrow"),

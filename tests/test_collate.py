@@ -74,3 +74,39 @@ def test_pack_places_every_token_once_and_splits_only_long_records(lengths, seq_
         assert len(spans) == -(-n // seq_len)  # split only when longer than seq_len
     # Best fit decreasing never needs more rows than twice the token count allows.
     assert len(rows) <= max(1, 2 * -(-sum(lengths) // seq_len))
+
+
+def reference_pack(indices, lengths, seq_len, overlong):
+    """Best fit decreasing the obvious way: pieces by size (largest first, ties in window order),
+    each into the open row with the least room that fits (the lowest-numbered among equals)."""
+    pieces = []
+    for i, n in zip(indices, lengths):
+        if n > seq_len and overlong == "drop":
+            continue
+        if n > seq_len and overlong == "truncate":
+            pieces.append((i, 0, seq_len))
+            continue
+        pieces += [(i, s, min(n, s + seq_len)) for s in range(0, n, seq_len)]  # none for an empty record
+    order = sorted(range(len(pieces)), key=lambda k: -(pieces[k][2] - pieces[k][1]))
+    rows, room = [], []
+    for k in order:
+        size = pieces[k][2] - pieces[k][1]
+        fits = [r for r in range(len(rows)) if room[r] >= size]
+        if fits:
+            r = min(fits, key=lambda r: (room[r], r))
+        else:
+            r = len(rows)
+            rows.append([])
+            room.append(seq_len)
+        rows[r].append(pieces[k])
+        room[r] -= size
+    return rows
+
+
+@settings(max_examples=300, deadline=None)
+@given(lengths=st.lists(st.integers(0, 100), max_size=60), seq_len=st.integers(1, 64),
+       overlong=st.sampled_from(C.OVERLONG))
+def test_pack_equals_a_plain_best_fit_decreasing(lengths, seq_len, overlong):
+    indices = [7 * i + 3 for i in range(len(lengths))]
+    got = C.pack(np.asarray(indices, dtype=np.int64), np.asarray(lengths, dtype=np.int64), seq_len, overlong)
+    assert got == reference_pack(indices, lengths, seq_len, overlong)

@@ -1,6 +1,7 @@
 """JaxLoader: device shards hold exactly the numpy global batch's rows, torch/JAX bit-identity,
 Orbax and Grain checkpoint round trips, and a real two-process JAX job resumed in one process."""
 
+import json
 import os
 import subprocess
 import sys
@@ -110,6 +111,27 @@ def test_grain_checkpoint_handler_works_on_jaxloader(tmp_path):
     fresh.close()
 
 
+
+@pytest.mark.parametrize("prefetch", [0, 2])
+def test_state_is_computed_only_when_asked_for(monkeypatch, prefetch):
+    """Each batch's state is the plain iterator's after as many batches, and no state (a digest,
+    ~10 µs) is computed for batches whose state nobody asks for (issue 23)."""
+    import portable_loader.loader as loader_module
+
+    want = []
+    plain = iter(loader())
+    for _ in range(6):
+        next(plain)
+        want.append(plain.get_state())
+    real, made = loader_module.make_state, []
+    monkeypatch.setattr(loader_module, "make_state", lambda *a: made.append(1) or real(*a))
+    with JaxLoader(loader(), prefetch=prefetch) as jl:
+        take(jl, 3)
+        assert made == []
+        assert jl.state_dict() == want[2] and json.loads(jl.get_state()) == want[2]
+        take(jl, 3)
+        assert jl.state_dict() == want[5]
+        assert len(made) == 3  # (closing a prefetching loader computes one more: it rewinds to it)
 def test_misaligned_shard_is_refused():
     with pytest.raises(ValueError, match="given shard 1/2"):
         JaxLoader(loader(shard_index=1, shard_count=2))

@@ -5,6 +5,7 @@ import json
 import os
 import sys
 
+import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -41,7 +42,17 @@ indices = st.one_of(
     st.builds(lambda a, n: list(range(a, min(N_ROWS, a + n))), st.integers(0, N_ROWS - 1), st.integers(1, 60)),
     st.lists(st.integers(0, N_ROWS - 1), min_size=64, max_size=200),
 )
-ops = st.lists(st.tuples(st.sampled_from(["read", "lengths", "prefetch"]), indices), min_size=1, max_size=12)
+ops = st.lists(st.tuples(st.sampled_from(["read", "lengths", "prefetch", "spans"]), indices), min_size=1, max_size=12)
+
+
+def spans_records(spans):
+    """The (ids, mask) of every record a ``Spans`` names, read from its buffers."""
+    out = []
+    for k, n in enumerate(spans.length):
+        ids = bytes(spans.ids[spans.buf[k]][spans.ids_at[k] : spans.ids_at[k] + 4 * n])
+        mask = bytes(spans.masks[spans.buf[k]][spans.mask_at[k] : spans.mask_at[k] + n])
+        out.append((np.frombuffer(ids, np.int32).tolist(), list(mask)))
+    return out
 
 
 @pytest.mark.parametrize("backend", ["arrow", "array_record"])
@@ -58,10 +69,13 @@ def test_reads_match_the_oracle_whatever_the_memo_holds(caches, backend, ops, me
             assert [as_tuple(r) for r in src.__getitems__(idx)] == [expected[i] for i in idx]
         elif op == "lengths":
             assert src.lengths(idx).tolist() == [len(expected[i][0]) for i in idx]
+        elif op == "spans":
+            assert spans_records(src.spans(idx)) == [expected[i] for i in idx]
         else:
             assert src.prefetch(idx) is None
         if backend == "array_record":
-            assert src._memo_size <= max(memo_bytes, 0) and src._memo_size == sum(map(len, src._memo.values()))
+            assert src._memo_size <= max(memo_bytes, 0)
+            assert src._memo_size == sum(len(r) for block in src._memo for r in block.values())
     assert [as_tuple(r) for r in src[0:N_ROWS]] == expected
 
 

@@ -93,6 +93,10 @@ class Cache(Dataset):
     def lengths(self, indices) -> np.ndarray:
         return np.asarray(self.cache.lengths(indices), dtype=np.int64)
 
+    def spans(self, indices):
+        """Where the records' tokens lie (``portable_loader.cache.readers.Spans``): the loader's fast path."""
+        return self.cache.spans(indices)
+
     def _identity(self) -> tuple:
         m = self.cache.manifest
         return (m["key"], m.get("content_checksum", ""), len(self))

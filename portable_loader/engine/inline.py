@@ -1,7 +1,14 @@
 """The inline engine: plan, fetch and collate a step in the calling thread.
 
 ``build_batch`` is the one function every engine (inline, prefetch thread, worker process) runs
-to turn a row plan into a batch, so the engine never changes what a batch holds.
+to turn a row plan into a batch, so the engine never changes what a batch holds. Over a source
+with ``spans`` (a cache) it collates from where the records' tokens lie (``collate_spans``);
+otherwise from the records ``__getitems__`` returns (``collate``): the same batch either way.
+
+The inline engine (which the prefetch thread also runs) reads ahead over a cache: one ``spans``
+call covers the records of the next steps the plan already knows (``Planner.upcoming``: the rest
+of a chunk of 4,096 positions, or a packing window), so the per-call costs (an ArrayRecord read
+batch, the locating of records in Arrow shards) are paid once per chunk, not once per step.
 
 Example:
     >>> from portable_loader.dataset import source
@@ -14,15 +21,24 @@ from __future__ import annotations
 
 import numpy as np
 
-from portable_loader.collate import FIELDS, collate
+from portable_loader.collate import FIELDS, collate, collate_spans
 from portable_loader.plan import Cursor, Planner
 
 __all__ = ["InlineEngine", "build_batch"]
 
 
+def _records_of(rows) -> list[int]:
+    return [piece[0] for row in rows for piece in row]
+
+
 def build_batch(source, rows, seq_len: int, pad_id: int, fields=FIELDS) -> dict[str, np.ndarray]:
     """Fetch the records a row plan names (one batched read) and collate ``fields`` of them."""
-    wanted = sorted({piece[0] for row in rows for piece in row})
+    spans = getattr(source, "spans", None)
+    if spans is not None:
+        wanted = _records_of(rows)
+        return collate_spans(rows, spans(np.asarray(wanted, dtype=np.int64)), dict(zip(wanted, range(len(wanted)))),
+                             seq_len, pad_id, fields)
+    wanted = sorted(set(_records_of(rows)))
     records = dict(zip(wanted, source.__getitems__(np.asarray(wanted, dtype=np.int64))))
     if any(r is None for r in records.values()):  # a filter's hole: the plan only names records it accepted
         i = next(k for k, r in records.items() if r is None)
@@ -34,8 +50,9 @@ def build_batch(source, rows, seq_len: int, pad_id: int, fields=FIELDS) -> dict[
 class InlineEngine:
     """No prefetch: plan, fetch and collate in the caller's thread.
 
-    ``loader`` is a ``DataLoader`` (anything with ``source``, ``seq_len``, ``pad_id``, ``fields``
-    and ``local_rows``); ``next()`` returns ``(batch, cursor after it)``.
+    ``loader`` is a ``DataLoader`` (its ``source``, ``seq_len``, ``pad_id``, ``fields``, shard and
+    batch-size settings and ``local_rows``); ``next()`` returns ``(batch, cursor after it)``. Over a
+    source with ``spans`` it reads ahead (see the module's docstring).
 
     Example:
         >>> engine = InlineEngine(loader, loader.planner(), Cursor(0, 0, 0))   # doctest: +SKIP
@@ -44,6 +61,8 @@ class InlineEngine:
 
     def __init__(self, loader, planner: Planner, cursor: Cursor):
         self.loader, self.planner, self.cursor = loader, planner, cursor
+        self._spans = getattr(loader.source, "spans", None)
+        self._ahead: tuple | None = None  # (Spans, record -> entry) of the records read ahead
 
     def next(self) -> tuple[dict, Cursor]:
         planned = self.planner.step(self.cursor)
@@ -51,8 +70,34 @@ class InlineEngine:
             raise StopIteration
         rows, self.cursor = planned
         loader = self.loader
-        batch = build_batch(loader.source, loader.local_rows(rows), loader.seq_len, loader.pad_id, loader.fields)
-        return batch, self.cursor
+        if loader.shard_count > 1:
+            rows = loader.local_rows(rows)
+        if self._spans is None:
+            return build_batch(loader.source, rows, loader.seq_len, loader.pad_id, loader.fields), self.cursor
+        if self._ahead is not None:
+            try:
+                return collate_spans(rows, *self._ahead, loader.seq_len, loader.pad_id, loader.fields), self.cursor
+            except KeyError:  # a record not read ahead: this step opens the next chunk or window
+                pass
+        wanted = np.concatenate([np.asarray(_records_of(rows), dtype=np.int64), self._upcoming(self.cursor)])
+        self._ahead = None  # let the old buffers go before the new ones are read
+        keys = wanted.tolist()
+        self._ahead = (self._spans(wanted), dict(zip(keys, range(len(keys)))))
+        return collate_spans(rows, *self._ahead, loader.seq_len, loader.pad_id, loader.fields), self.cursor
+
+    def _upcoming(self, cur: Cursor) -> np.ndarray:
+        """This host's records among the next steps' that the plan knows (none when that is unclear)."""
+        loader = self.loader
+        recs = self.planner.upcoming(cur)
+        if loader.shard_count == 1:
+            return recs
+        if loader.packing or not loader.batch_schedule.fixed:
+            return recs[:0]  # other hosts' rows are not worth reading; each step reads its own
+        # Padding at a fixed size: position lo + j is row j % B of its step, and this host's rows
+        # are [shard * b, (shard + 1) * b).
+        b = loader.global_batch_size // loader.shard_count
+        row = np.arange(recs.size) % loader.global_batch_size
+        return recs[row // b == loader.shard_index]
 
     def close(self) -> None:
-        pass
+        self._ahead = None
