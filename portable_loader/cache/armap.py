@@ -116,7 +116,7 @@ def index_shard(path: str, rows: int) -> ShardIndex:
             data_sizes.append(data_size)
             sizes.append(decoded)
         elif type_records & 0xFF == _SIMPLE:
-            raise bad(f"a chunk of {type_records >> 8} records", u)
+            raise bad(f"a chunk of {type_records >> 8} records, after {len(begins)} of {rows} records", u)
         elif type_records & 0xFF not in _SKIPPED:
             raise bad(f"chunk type {chr(type_records & 0xFF)!r}", u)
         # riegeli's ChunkEnd: the header and data, plus the block headers they cross (a chunk of
@@ -125,15 +125,15 @@ def index_shard(path: str, rows: int) -> ShardIndex:
         if u > end:
             raise bad("a chunk runs past the end of the file", u - CHUNK_HEADER - data_size)
     u_begin, data_sizes, sizes = (np.asarray(x, dtype=np.int64) for x in (begins, data_sizes, sizes))
+    arr = np.frombuffer(mm, dtype=np.uint8)
+    compression = arr[_physical(u_begin + CHUNK_HEADER)] if rows else np.zeros(0, np.uint8)
+    if compression.any():
+        raise bad("a compressed chunk", int(u_begin[int(np.flatnonzero(compression)[0])]))
     # Each data: compression type 0, varint(len(sizes)), sizes = varint(record size), the record.
     sizes_len = _varint_len(sizes)
     if not np.array_equal(data_sizes, 1 + _varint_len(sizes_len) + sizes_len + sizes):
         k = int(np.flatnonzero(data_sizes != 1 + _varint_len(sizes_len) + sizes_len + sizes)[0])
         raise bad("a chunk's data size does not match one uncompressed record", int(u_begin[k]))
-    arr = np.frombuffer(mm, dtype=np.uint8)
-    compression = arr[_physical(u_begin + CHUNK_HEADER)] if rows else np.zeros(0, np.uint8)
-    if compression.any():
-        raise bad("a compressed chunk", int(u_begin[int(np.flatnonzero(compression)[0])]))
     u_payload = u_begin + CHUNK_HEADER + data_sizes - sizes
     cross = u_payload % USABLE + sizes > USABLE
     return ShardIndex(view, _physical(u_payload), sizes, cross)
