@@ -137,8 +137,8 @@ def test_a_compressed_shard_reads_through_the_library(tmp_path):
     assert [as_tuple(r) for r in src[0 : len(src)]] == expected
 
 
-@pytest.mark.parametrize("options, problem", [("group_size:1", "a compressed chunk"),
-                                              ("group_size:2,uncompressed", "a chunk of 2 records")])
+@pytest.mark.parametrize("options, problem", [("group_size:1", "footer is compressed"),
+                                              ("group_size:2,uncompressed", "footer lists 10 chunks of 20 records")])
 def test_a_shard_not_as_its_manifest_says_is_refused(tmp_path, options, problem):
     rng = np.random.default_rng(4)
     path = str(tmp_path / "liar")
@@ -154,7 +154,7 @@ def test_a_shard_shorter_than_its_manifest_is_refused(cache):
     path, _ = cache
     manifest = pl.open_cache(path).manifest
     manifest["shards"][0] = dict(manifest["shards"][0], rows=manifest["shards"][0]["rows"] + 1)
-    with pytest.raises(CacheError, match="data-00000-of-00005.array_record: .*after 260 of 261 records"):
+    with pytest.raises(CacheError, match="data-00000-of-00005.array_record: .*of 261 records: its footer lists 260 chunks"):
         ArrayRecordCacheSource(path, manifest)[[0]]
 
 
