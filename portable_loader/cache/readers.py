@@ -262,9 +262,14 @@ class ArrowCacheSource(_CacheSource):
 
 
 class ArrayRecordCacheSource(_CacheSource):
-    """ArrayRecord shards (one record per chunk), with a bounded memo of recent reads.
+    """ArrayRecord shards (one record per chunk): memory-mapped, or read through the library.
 
-    Records are read one by one (``read(i, i + 1)``): a list read goes through the library's thread
+    Shards written ``group_size:1,uncompressed`` (as the manifest's ``array_record_options`` says;
+    what portable_loader writes) are ``mapped``: each shard's records are located at its first read
+    (:func:`~portable_loader.cache.armap.index_shard`) and served from a memory map of the file, as
+    Arrow's are (nothing copied but a record a block header splits). ``mapped=False`` forces the
+    library path, which other shards (compressed, by older versions) take:
+    records are read one by one (``read(i, i + 1)``): a list read goes through the library's thread
     pool, which on 2 shared cores costs twice as much per record for a batch of 8, and for a packing
     window of 1,024 records 11-28 us a record against a steady 11 us. With 8 cores or more, calls of
     ``bulk_min`` records or more use one list read per shard, which the pool runs in parallel.
