@@ -180,3 +180,25 @@ def test_block_headers_anywhere_in_a_chunk(tmp_path):
         second = (p // BLOCK) * USABLE + p % BLOCK - 24 + filler  # the second chunk's header, in block payload bytes
         seen_split_header |= second % USABLE + 40 > USABLE
     assert seen_split_header
+
+
+@pytest.mark.parametrize("at, value, problem", [(40, 1, "a compressed chunk"), (24, ord("t"), "chunk type 't'"),
+                                                (8, 99, "data size does not match")])
+def test_a_damaged_chunk_header_is_refused(tmp_path, at, value, problem):
+    """One byte of one record chunk changed (its compression, type or data size byte): refused,
+    naming the file and the chunk, never served."""
+    from portable_loader.cache.armap import _chunk_offsets, _physical, _usable
+
+    rng = np.random.default_rng(6)
+    path = str(tmp_path / "damaged")
+    write_cache(path, [random_lengths(rng, 30)], seed=7)
+    manifest = pl.open_cache(path).manifest
+    file = os.path.join(path, "data-00000-of-00001.array_record")
+    data = bytearray(open(file, "rb").read())
+    begin = int(_chunk_offsets(np.frombuffer(bytes(data), np.uint8), file, 30)[17])
+    data[_physical(_usable(begin) + at)] = value
+    open(file, "wb").write(bytes(data))
+    src = ArrayRecordCacheSource(path, manifest)
+    with pytest.raises(CacheError, match=f"data-00000-of-00001.array_record: .*{problem}.*chunk at byte {begin}"):
+        src.spans([0])
+
