@@ -38,6 +38,7 @@ from benchlib import add_output_args, bar_svg, machine, write_table  # noqa: E40
 
 import portable_loader as pl  # noqa: E402
 from portable_loader.cache import FORMAT_VERSION, ShardWriter, write_manifest  # noqa: E402
+from portable_loader.cache.writer import ARRAY_RECORD_OPTIONS  # noqa: E402
 from portable_loader.plan import Cursor  # noqa: E402
 from portable_loader.state import make_state  # noqa: E402
 
@@ -72,8 +73,10 @@ def build_caches(work: str, records: int, tokenizer: str) -> dict:
                 w.write(r["input_ids"], r["loss_mask"])
             shards.append(w.close())
         counts = {"rows_in": records, "rows_out": records, "dropped": {}, "truncated": 0, "tokens": 0, "trainable_tokens": 0}
+        # The options as precache records them: the reader picks its path (memory map or library) by them.
+        extra = {"array_record_options": ARRAY_RECORD_OPTIONS} if backend == "array_record" else {}
         write_manifest(path, {"format_version": FORMAT_VERSION, "backend": backend, "key": backend.ljust(64, "0"),
-                              "counts": counts, "content_checksum": "", "shards": shards})
+                              "counts": counts, "content_checksum": "", "shards": shards, **extra})
     uncompressed_copy(paths["array_record"], paths["array_record_uncompressed"])
     return paths
 

@@ -62,7 +62,7 @@ def test_reads_match_the_oracle_whatever_the_memo_holds(caches, backend, ops, me
     paths, expected = caches
     src = pl.open_cache(paths[backend])
     if backend == "array_record":
-        src = ArrayRecordCacheSource(src.path, src.manifest, memo_bytes=memo_bytes)
+        src = ArrayRecordCacheSource(src.path, src.manifest, memo_bytes=memo_bytes, mapped=False)  # the library path
         src.bulk_min = bulk_min  # list reads (per shard) from this many records, single reads below
     for op, idx in ops:
         if op == "read":
@@ -90,7 +90,7 @@ def test_prefetch_checks_its_indices(caches, backend):
 
 def test_a_reopened_source_starts_with_an_empty_memo_and_the_same_budget(caches):
     opened = pl.open_cache(caches[0]["array_record"])
-    src = ArrayRecordCacheSource(opened.path, opened.manifest, memo_bytes=5000)
+    src = ArrayRecordCacheSource(opened.path, opened.manifest, memo_bytes=5000, mapped=False)
     src.prefetch(range(40))
     fresh = src.reopen()
     assert src._memo and not fresh._memo and fresh.memo_bytes == 5000
@@ -99,7 +99,7 @@ def test_a_reopened_source_starts_with_an_empty_memo_and_the_same_budget(caches)
 
 def test_what_lengths_or_prefetch_read_is_served_without_touching_the_shards(caches):
     opened = pl.open_cache(caches[0]["array_record"])
-    src = ArrayRecordCacheSource(opened.path, opened.manifest)
+    src = ArrayRecordCacheSource(opened.path, opened.manifest, mapped=False)
     src.prefetch([3, 77, 149])
     assert src.lengths([5, 3]).tolist() == [len(caches[1][5][0]), len(caches[1][3][0])]
     src._readers = []  # any read from a shard now fails
