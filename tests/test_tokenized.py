@@ -199,7 +199,7 @@ def test_windows_the_main_process_tokenizes_reach_workers_without_a_second_token
     child.start()
     for w in range(1, spill.KEEP + 2):  # more windows than the hand-over keeps
         ds.lengths(range(5 * w, 5 * w + 5))
-    child.terminate()
+    child.kill()  # not terminate(): a bare fork keeps the parent's SIGTERM handler (Ray's, after the Ray tests)
     child.join()
     worker = pickle.loads(pickle.dumps(ds))  # what a spawned worker gets: a reader, no tokenizer
     kept = range(10, 5 * (spill.KEEP + 2))
