@@ -64,7 +64,7 @@ def local(inputs, tmp_path_factory):
     return one
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def cluster(local):
     cluster = Cluster(initialize_head=True, head_node_args=NODE)
     workers = [cluster.add_node(**NODE) for _ in range(2)]
