@@ -82,6 +82,9 @@ def test_spans_stay_readable_after_their_shards_are_evicted(many, tmp_path):
     assert decoded(sp) == records(here, idx)  # the memory maps outlive the removed files
 
 
+_sources: dict = {}  # limit in shards -> a source (hypothesis calls the test once per example)
+
+
 @given(now=st.lists(st.integers(0, 299), min_size=1, max_size=8), ahead=st.lists(st.integers(0, 299), max_size=200),
        limit=st.integers(2, 6))
 @settings(max_examples=80, deadline=None, suppress_health_check=list(HealthCheck))
@@ -103,8 +106,6 @@ def test_read_ahead_keeps_the_shards_first_met_within_the_limit(many, tmp_path_f
     want = [i for i in ahead if int(np.searchsorted(src._starts, i, side="right") - 1) in taken]
     assert kept == want
 
-
-_sources: dict = {}
 
 
 LOADERS = [dict(), dict(packing=True, packing_window=32), dict(shuffle="shards", shuffle_shards=2, num_workers=2, prefetch=1),
