@@ -86,26 +86,30 @@ _sources: dict = {}  # limit in shards -> a source (hypothesis calls the test on
 
 
 @given(now=st.lists(st.integers(0, 299), min_size=1, max_size=8), ahead=st.lists(st.integers(0, 299), max_size=200),
-       limit=st.integers(2, 6))
+       local=st.lists(st.integers(0, 14), max_size=6), limit=st.integers(2, 6))
 @settings(max_examples=80, deadline=None, suppress_health_check=list(HealthCheck))
-def test_read_ahead_keeps_the_shards_first_met_within_the_limit(many, tmp_path_factory, now, ahead, limit):
+def test_read_ahead_keeps_the_local_shards_first_met_within_the_limit(many, tmp_path_factory, now, ahead, local, limit):
     url, _, sizes = many
     src = _sources.get(limit)
     if src is None:
         src = _sources[limit] = pl.open_cache(url, cache_dir=tmp_path_factory.mktemp("ra"), cache_limit=limit * max(sizes))
+    for s in local:  # some shards local (fetched, perhaps evicting others), as the fetch-ahead thread leaves them
+        src.prefetch([src._starts[s]])
+    present = {s for s in range(len(sizes)) if os.path.exists(src.store.path(s))}
     kept = src.read_ahead(np.asarray(now, dtype=np.int64), np.asarray(ahead, dtype=np.int64)).tolist()
-    # Oracle: walk the records in stream order, taking each new shard while its bytes fit.
+    # Oracle: walk the records in stream order, taking each new eligible shard while its bytes fit.
+    shard_of = {i: int(np.searchsorted(src._starts, i, side="right") - 1) for i in now + ahead}
+    eligible = {shard_of[i] for i in now} | present
     budget, used, taken = (limit - 1) * max(sizes), 0, set()
     for i in now + ahead:
-        s = int(np.searchsorted(src._starts, i, side="right") - 1)
-        if s not in taken and used + sizes[s] <= budget and len(taken) < src.max_open:
-            taken.add(s)
-            used += sizes[s]
-        elif s not in taken:
-            budget = -1  # the first shard that does not fit closes the walk
-    want = [i for i in ahead if int(np.searchsorted(src._starts, i, side="right") - 1) in taken]
-    assert kept == want
-
+        s = shard_of[i]
+        if s in taken or s not in eligible:
+            continue
+        if used + sizes[s] > budget or len(taken) == src.max_open:
+            break
+        taken.add(s)
+        used += sizes[s]
+    assert kept == [i for i in ahead if shard_of[i] in taken]
 
 
 LOADERS = [dict(), dict(packing=True, packing_window=32), dict(shuffle="shards", shuffle_shards=2, num_workers=2, prefetch=1),
@@ -150,7 +154,10 @@ def test_small_limit_reads_ahead_within_it_and_batches_agree(many, tmp_path, con
     src.spans = watched
     got, _ = run(src, **config)
     same(got, want)
-    # A step's own records may exceed the read-ahead budget (global shuffle: 4 shards a step).
-    assert peak <= limit + (4 if not config else 1) * max(sizes)
+    # A step's own records may exceed the read-ahead budget (global shuffle: 4 shards a step); a
+    # packing window's lengths pin its shards beside the fetch-ahead's (up to 1.25 shards over,
+    # measured alike before this fast path, with __getitems__).
+    over = 4 if not config else 2 if config.get("packing") else 1
+    assert peak <= limit + over * max(sizes)
     if config.get("shuffle") == "shards":  # read ahead within the limit: each shard fetched about once
         assert src.remote["bytes_downloaded"] <= 1.5 * sum(sizes)

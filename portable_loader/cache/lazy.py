@@ -148,6 +148,20 @@ class RemoteCacheSource(_CacheSource):
     def _few(self, indices) -> list[dict] | None:
         """A loader step's few records when their shards are open here (None otherwise): one
         Python loop, as the local Arrow reader does, instead of a call per shard."""
+        return self._each_open(indices, lambda reader, j: reader.record_at(j))
+
+    def _few_spans(self, indices) -> Spans | None:
+        """``spans`` of a worker's step (a few records, often as many shards) when their shards
+        are open here (None otherwise): one loop, one buffer per record (8 records in 8 shards: 7-12 µs measured, against 85-95 µs
+        joining a ``Spans`` per shard)."""
+        got = self._each_open(indices, lambda reader, j: reader.span_at(j))
+        if got is None:
+            return None
+        ids, masks, ids_at, mask_at, length = map(list, zip(*got)) if got else ([],) * 5
+        return Spans(ids, masks, list(range(len(got))), ids_at, mask_at, length)
+
+    def _each_open(self, indices, read) -> list | None:
+        """``read(reader, local index)`` per record, when every record's shard is open here."""
         if isinstance(indices, np.ndarray) and indices.ndim == 1 and indices.dtype.kind in "iu":
             idx = indices.tolist()
         elif isinstance(indices, (list, tuple)) and all(type(i) is int for i in indices):
@@ -167,7 +181,7 @@ class RemoteCacheSource(_CacheSource):
                 if entry is None:
                     return None
                 opened.move_to_end(s)
-                out.append(entry[0].record_at(i - starts[s]))
+                out.append(read(entry[0], i - starts[s]))
         return out
 
     def spans(self, indices) -> Spans:
@@ -184,6 +198,10 @@ class RemoteCacheSource(_CacheSource):
             >>> sp.length == [len(src[0]["input_ids"]), len(src[-1]["input_ids"])]   # doctest: +SKIP
             True
         """
+        if self._arrow and len(indices) <= _FEW:
+            got = self._few_spans(indices)
+            if got is not None:
+                return got
         idx = self._indices(indices)
         shard = np.searchsorted(self._shard_starts, idx, side="right") - 1
         needed = dict.fromkeys(shard.tolist())
@@ -204,10 +222,11 @@ class RemoteCacheSource(_CacheSource):
         return Spans(ids, masks, buf.tolist(), ids_at.tolist(), mask_at.tolist(), length.tolist())
 
     def read_ahead(self, now: np.ndarray, ahead: np.ndarray) -> np.ndarray:
-        """The records of ``ahead`` worth reading together with ``now``'s: those in the shards first
-        met (``now``'s, then ``ahead``'s in stream order) while they fit ``cache_limit`` less one
-        shard and ``max_open``. A loader reads ahead over a local cache a chunk at a time; here that
-        would fetch every shard of the chunk at once.
+        """The records of ``ahead`` worth reading together with ``now``'s: those in ``now``'s shards
+        or in shards already local (the fetch-ahead thread's), taking the shards in the order first
+        met while they fit ``cache_limit`` less one shard and ``max_open``. A loader reads ahead over
+        a local cache a chunk at a time; here that would fetch every shard of the chunk at once, on
+        top of what the fetch-ahead thread holds.
 
         Example:
             >>> src.read_ahead(np.array([0]), np.arange(len(src))).size <= len(src)   # doctest: +SKIP
@@ -217,10 +236,12 @@ class RemoteCacheSource(_CacheSource):
             return ahead
         shard = self.shard_of(np.concatenate([now, ahead]))
         uniq, first = np.unique(shard, return_index=True)
-        met = uniq[np.argsort(first)]
+        mine = set(shard[: now.size].tolist())
+        met = [s for s in uniq[np.argsort(first)].tolist() if s in mine or os.path.exists(self.store.path(s))]
+        met = np.asarray(met, dtype=np.int64)
         budget = self.store.limit - int(self._bytes.max())
         fits = met[(np.cumsum(self._bytes[met]) <= budget) & (np.arange(met.size) < self.max_open)]
-        return ahead[np.isin(shard[now.size:], fits)]
+        return ahead[np.isin(shard[now.size :], fits)]
 
     def lengths(self, indices) -> np.ndarray:
         """Token counts; fetches the shards that hold ``indices`` (see ``cheap_lengths``)."""
