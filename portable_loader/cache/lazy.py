@@ -152,8 +152,8 @@ class RemoteCacheSource(_CacheSource):
 
     def _few_spans(self, indices) -> Spans | None:
         """``spans`` of a worker's step (a few records, often as many shards) when their shards
-        are open here (None otherwise): one loop, one buffer per record (8 records in 8 shards: 7-12 µs measured, against 85-95 µs
-        joining a ``Spans`` per shard)."""
+        are open here (None otherwise): one loop, one buffer per record (8 records in 8 shards:
+        7-12 µs measured, against 85-95 µs joining a ``Spans`` per shard)."""
         got = self._each_open(indices, lambda reader, j: reader.span_at(j))
         if got is None:
             return None
@@ -198,7 +198,7 @@ class RemoteCacheSource(_CacheSource):
             >>> sp.length == [len(src[0]["input_ids"]), len(src[-1]["input_ids"])]   # doctest: +SKIP
             True
         """
-        if self._arrow and len(indices) <= _FEW:
+        if self._arrow and isinstance(indices, (list, tuple, np.ndarray)) and len(indices) <= _FEW:
             got = self._few_spans(indices)
             if got is not None:
                 return got
