@@ -8,7 +8,8 @@ otherwise from the records ``__getitems__`` returns (``collate``): the same batc
 The inline engine (which the prefetch thread also runs) reads ahead over a cache: one ``spans``
 call covers the records of the next steps the plan already knows (``Planner.upcoming``: the rest
 of a chunk of 4,096 positions, or a packing window), so the per-call costs (an ArrayRecord read
-batch, the locating of records in Arrow shards) are paid once per chunk, not once per step.
+batch, the locating of records in Arrow shards) are paid once per chunk, not once per step. A source with
+``read_ahead`` (a remote cache) narrows those records to what its ``cache_limit`` holds.
 
 Example:
     >>> from portable_loader.dataset import source
