@@ -28,7 +28,7 @@ from typing import Sequence
 
 import numpy as np
 
-from portable_loader.cache.readers import ArrayRecordCacheSource, ArrowCacheSource, _CacheSource
+from portable_loader.cache.readers import ArrayRecordCacheSource, ArrowCacheSource, Spans, _CacheSource
 from portable_loader.cache.shardstore import ShardStore
 
 __all__ = ["RemoteCacheSource"]
@@ -61,6 +61,7 @@ class RemoteCacheSource(_CacheSource):
             max_open = len(shards) if store.limit is None else store.limit // mean
         self.max_open = max(2, min(int(max_open), _MAX_OPEN))
         self._starts = self._shard_starts.tolist()
+        self._bytes = np.asarray([s["bytes"] for s in store.manifest["shards"]], dtype=np.int64)
         self._open: OrderedDict[int, tuple] = OrderedDict()  # shard -> (reader, pinned fd)
         # Unpinned when the source is collected, or its files stay unevictable until the process ends.
         weakref.finalize(self, _unpin_all, self._open, os.getpid())
@@ -147,6 +148,20 @@ class RemoteCacheSource(_CacheSource):
     def _few(self, indices) -> list[dict] | None:
         """A loader step's few records when their shards are open here (None otherwise): one
         Python loop, as the local Arrow reader does, instead of a call per shard."""
+        return self._each_open(indices, lambda reader, j: reader.record_at(j))
+
+    def _few_spans(self, indices) -> Spans | None:
+        """``spans`` of a worker's step (a few records, often as many shards) when their shards
+        are open here (None otherwise): one loop, one buffer per record (8 records in 8 shards:
+        7-12 µs measured, against 85-95 µs joining a ``Spans`` per shard)."""
+        got = self._each_open(indices, lambda reader, j: reader.span_at(j))
+        if got is None:
+            return None
+        ids, masks, ids_at, mask_at, length = map(list, zip(*got)) if got else ([],) * 5
+        return Spans(ids, masks, list(range(len(got))), ids_at, mask_at, length)
+
+    def _each_open(self, indices, read) -> list | None:
+        """``read(reader, local index)`` per record, when every record's shard is open here."""
         if isinstance(indices, np.ndarray) and indices.ndim == 1 and indices.dtype.kind in "iu":
             idx = indices.tolist()
         elif isinstance(indices, (list, tuple)) and all(type(i) is int for i in indices):
@@ -166,8 +181,67 @@ class RemoteCacheSource(_CacheSource):
                 if entry is None:
                     return None
                 opened.move_to_end(s)
-                out.append(entry[0].record_at(i - starts[s]))
+                out.append(read(entry[0], i - starts[s]))
         return out
+
+    def spans(self, indices) -> Spans:
+        """Where the records' tokens lie (see :class:`~portable_loader.cache.readers.Spans`), from each
+        shard's own reader (fetching the shards not local), joined into one ``Spans``.
+
+        The shards' buffer lists are concatenated and each record's ``buf`` shifted by the buffers
+        before its shard's. The buffers are memory maps (Arrow) or bytes read (ArrayRecord): they stay
+        valid after the shard is unpinned, even evicted, because a shard file is only ever removed or
+        replaced whole (``os.remove``, ``os.replace``), never written in place.
+
+        Example:
+            >>> sp = src.spans([0, len(src) - 1])     # two shards, one Spans   # doctest: +SKIP
+            >>> sp.length == [len(src[0]["input_ids"]), len(src[-1]["input_ids"])]   # doctest: +SKIP
+            True
+        """
+        if self._arrow and isinstance(indices, (list, tuple, np.ndarray)) and len(indices) <= _FEW:
+            got = self._few_spans(indices)
+            if got is not None:
+                return got
+        idx = self._indices(indices)
+        shard = np.searchsorted(self._shard_starts, idx, side="right") - 1
+        needed = dict.fromkeys(shard.tolist())
+        if self.store.release_asked():
+            self._close_idle(needed)
+        if len(needed) == 1:
+            (s,) = needed
+            return self._reader(s, needed).spans(idx - self._starts[s])
+        ids, masks = [], []
+        buf, ids_at, mask_at, length = (np.empty(idx.size, dtype=np.int64) for _ in range(4))
+        for s in needed:
+            where = np.flatnonzero(shard == s)
+            part = self._reader(s, needed).spans(idx[where] - self._starts[s])
+            buf[where] = np.asarray(part.buf, dtype=np.int64) + len(ids)  # ids and masks are parallel lists
+            ids_at[where], mask_at[where], length[where] = part.ids_at, part.mask_at, part.length
+            ids += part.ids
+            masks += part.masks
+        return Spans(ids, masks, buf.tolist(), ids_at.tolist(), mask_at.tolist(), length.tolist())
+
+    def read_ahead(self, now: np.ndarray, ahead: np.ndarray) -> np.ndarray:
+        """The records of ``ahead`` worth reading together with ``now``'s: those in ``now``'s shards
+        or in shards already local (the fetch-ahead thread's), taking the shards in the order first
+        met while they fit ``cache_limit`` less one shard and ``max_open``. A loader reads ahead over
+        a local cache a chunk at a time; here that would fetch every shard of the chunk at once, on
+        top of what the fetch-ahead thread holds.
+
+        Example:
+            >>> src.read_ahead(np.array([0]), np.arange(len(src))).size <= len(src)   # doctest: +SKIP
+            True
+        """
+        if self.store.limit is None or not ahead.size:
+            return ahead
+        shard = self.shard_of(np.concatenate([now, ahead]))
+        uniq, first = np.unique(shard, return_index=True)
+        mine = set(shard[: now.size].tolist())
+        met = [s for s in uniq[np.argsort(first)].tolist() if s in mine or os.path.exists(self.store.path(s))]
+        met = np.asarray(met, dtype=np.int64)
+        budget = self.store.limit - int(self._bytes.max())
+        fits = met[(np.cumsum(self._bytes[met]) <= budget) & (np.arange(met.size) < self.max_open)]
+        return ahead[np.isin(shard[now.size :], fits)]
 
     def lengths(self, indices) -> np.ndarray:
         """Token counts; fetches the shards that hold ``indices`` (see ``cheap_lengths``)."""

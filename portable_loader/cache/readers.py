@@ -212,6 +212,23 @@ class ArrowCacheSource(_CacheSource):
         offsets = self._offsets_mv[seg]
         a, b = offsets[j], offsets[j + 1]
         return {"input_ids": self._ids[seg][a:b], "loss_mask": self._mask[seg][a:b]}
+
+    def span_at(self, i: int) -> tuple:
+        """Record ``i``'s ``(ids buffer, mask buffer, ids_at, mask_at, length)``, one entry of a
+        :class:`Spans` (``i`` a Python int in ``[0, len)``, not checked): for a caller joining the
+        records of several readers (a remote cache's shards) a few at a time.
+
+        Example:
+            >>> src.span_at(3)[4]                      # doctest: +SKIP
+            212
+        """
+        starts = self._seg_list
+        seg = bisect.bisect_right(starts, i) - 1
+        j = i - starts[seg]
+        offsets = self._offsets_mv[seg]
+        a = offsets[j]
+        return self._ids_bytes[seg], self._mask_bytes[seg], 4 * a, a, offsets[j + 1] - a
+
     def spans(self, indices: Sequence[int] | np.ndarray) -> Spans:
         """Where the records' tokens lie in the memory-mapped shards (see :class:`Spans`); reads nothing.
 

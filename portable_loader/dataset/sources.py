@@ -97,6 +97,12 @@ class Cache(Dataset):
         """Where the records' tokens lie (``portable_loader.cache.readers.Spans``): the loader's fast path."""
         return self.cache.spans(indices)
 
+    def read_ahead(self, now: np.ndarray, ahead: np.ndarray) -> np.ndarray:
+        """The records of ``ahead`` worth reading with ``now``'s (a remote cache's ``cache_limit``
+        bounds them; a local cache reads them all)."""
+        trim = getattr(self.cache, "read_ahead", None)
+        return ahead if trim is None else trim(now, ahead)
+
     def _identity(self) -> tuple:
         m = self.cache.manifest
         return (m["key"], m.get("content_checksum", ""), len(self))

@@ -8,7 +8,8 @@ otherwise from the records ``__getitems__`` returns (``collate``): the same batc
 The inline engine (which the prefetch thread also runs) reads ahead over a cache: one ``spans``
 call covers the records of the next steps the plan already knows (``Planner.upcoming``: the rest
 of a chunk of 4,096 positions, or a packing window), so the per-call costs (an ArrayRecord read
-batch, the locating of records in Arrow shards) are paid once per chunk, not once per step.
+batch, the locating of records in Arrow shards) are paid once per chunk, not once per step. A source with
+``read_ahead`` (a remote cache) narrows those records to what its ``cache_limit`` holds.
 
 Example:
     >>> from portable_loader.dataset import source
@@ -62,6 +63,7 @@ class InlineEngine:
     def __init__(self, loader, planner: Planner, cursor: Cursor):
         self.loader, self.planner, self.cursor = loader, planner, cursor
         self._spans = getattr(loader.source, "spans", None)
+        self._trim = getattr(loader.source, "read_ahead", None)
         self._ahead: tuple | None = None  # (Spans, record -> entry) of the records read ahead
 
     def next(self) -> tuple[dict, Cursor]:
@@ -79,7 +81,11 @@ class InlineEngine:
                 return collate_spans(rows, *self._ahead, loader.seq_len, loader.pad_id, loader.fields), self.cursor
             except KeyError:  # a record not read ahead: this step opens the next chunk or window
                 pass
-        wanted = np.concatenate([np.asarray(_records_of(rows), dtype=np.int64), self._upcoming(self.cursor)])
+        now = np.asarray(_records_of(rows), dtype=np.int64)
+        ahead = self._upcoming(self.cursor)
+        if self._trim is not None:  # a remote cache: read ahead only what its cache_limit holds
+            ahead = self._trim(now, ahead)
+        wanted = np.concatenate([now, ahead])
         self._ahead = None  # let the old buffers go before the new ones are read
         keys = wanted.tolist()
         self._ahead = (self._spans(wanted), dict(zip(keys, range(len(keys)))))
