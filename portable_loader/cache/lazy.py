@@ -120,13 +120,18 @@ class RemoteCacheSource(_CacheSource):
             for s in [s for s in self._open if s not in needed]:
                 self.store.unpin(self._open.pop(s)[1])
 
-    def _per_shard(self, indices, read) -> list:
-        """``read(reader, local indices)`` per shard of ``indices``, results back in request order."""
+    def _shards_of(self, indices) -> tuple:
+        """(indices as int64, each one's shard, the shards in first-use order); idle shards closed if asked."""
         idx = self._indices(indices)
         shard = np.searchsorted(self._shard_starts, idx, side="right") - 1
         needed = dict.fromkeys(shard.tolist())
         if self.store.release_asked():
             self._close_idle(needed)
+        return idx, shard, needed
+
+    def _per_shard(self, indices, read) -> list:
+        """``read(reader, local indices)`` per shard of ``indices``, results back in request order."""
+        idx, shard, needed = self._shards_of(indices)
         if len(needed) == 1:
             (s,) = needed
             return list(read(self._reader(s, needed), idx - self._starts[s]))
@@ -202,11 +207,7 @@ class RemoteCacheSource(_CacheSource):
             got = self._few_spans(indices)
             if got is not None:
                 return got
-        idx = self._indices(indices)
-        shard = np.searchsorted(self._shard_starts, idx, side="right") - 1
-        needed = dict.fromkeys(shard.tolist())
-        if self.store.release_asked():
-            self._close_idle(needed)
+        idx, shard, needed = self._shards_of(indices)
         if len(needed) == 1:
             (s,) = needed
             return self._reader(s, needed).spans(idx - self._starts[s])
