@@ -3,6 +3,7 @@
 import os
 import pathlib
 
+import numpy as np
 import pytest
 
 # Eight virtual CPU devices for the JAX tests; must be set before jax is first imported.
@@ -51,3 +52,13 @@ def run_ranks(script: str, n: int, args, env=None, timeout: int = 300) -> None:
              for r in range(n)]
     errs = [p.communicate(timeout=timeout)[1] for p in procs]
     assert [p.returncode for p in procs] == [0] * n, [e[-3000:] for e in errs]
+
+
+def spans_records(spans):
+    """The (ids, mask) of every record a ``Spans`` names, read from its buffers (a test oracle's view)."""
+    out = []
+    for k, n in enumerate(spans.length):
+        ids = bytes(spans.ids[spans.buf[k]][spans.ids_at[k] : spans.ids_at[k] + 4 * n])
+        mask = bytes(spans.masks[spans.buf[k]][spans.mask_at[k] : spans.mask_at[k] + n])
+        out.append((np.frombuffer(ids, np.int32).tolist(), list(mask)))
+    return out

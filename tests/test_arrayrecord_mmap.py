@@ -14,6 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import portable_loader as pl
+from conftest import spans_records
 from portable_loader.cache import FORMAT_VERSION, ShardWriter, write_manifest
 from portable_loader.cache import writer as writer_module
 from portable_loader.cache.armap import BLOCK, USABLE, index_shard, read_record
@@ -66,14 +67,6 @@ def cache(tmp_path_factory):
 def as_tuple(record):
     return record["input_ids"].tolist(), record["loss_mask"].tolist()
 
-
-def spans_records(sp):
-    out = []
-    for k, n in enumerate(sp.length):
-        ids = bytes(sp.ids[sp.buf[k]][sp.ids_at[k] : sp.ids_at[k] + 4 * n])
-        mask = bytes(sp.masks[sp.buf[k]][sp.mask_at[k] : sp.mask_at[k] + n])
-        out.append((np.frombuffer(ids, np.int32).tolist(), list(mask)))
-    return out
 
 
 def test_every_record_is_the_librarys(cache):

@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import portable_loader as pl
-from conftest import GPT2, need
+from conftest import GPT2, need, spans_records
 from portable_loader.cache.readers import ArrayRecordCacheSource
 from portable_loader.tokenize import Formatter, load_tokenizer
 
@@ -44,15 +44,6 @@ indices = st.one_of(
 )
 ops = st.lists(st.tuples(st.sampled_from(["read", "lengths", "prefetch", "spans"]), indices), min_size=1, max_size=12)
 
-
-def spans_records(spans):
-    """The (ids, mask) of every record a ``Spans`` names, read from its buffers."""
-    out = []
-    for k, n in enumerate(spans.length):
-        ids = bytes(spans.ids[spans.buf[k]][spans.ids_at[k] : spans.ids_at[k] + 4 * n])
-        mask = bytes(spans.masks[spans.buf[k]][spans.mask_at[k] : spans.mask_at[k] + n])
-        out.append((np.frombuffer(ids, np.int32).tolist(), list(mask)))
-    return out
 
 
 @pytest.mark.parametrize("backend", ["arrow", "array_record"])
