@@ -28,7 +28,7 @@ import numpy as np
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "scripts"))
 
-from benchlib import _figure, _shown, add_output_args, machine, write_table  # noqa: E402
+from benchlib import _figure, add_output_args, machine, write_svg, write_table  # noqa: E402
 
 import portable_loader as pl  # noqa: E402
 from portable_loader.cache import FORMAT_VERSION, ShardWriter, write_manifest  # noqa: E402
@@ -194,11 +194,7 @@ def plot(args, warm: dict, cold: dict, qual: dict) -> None:
     for a in axes:
         a.tick_params(labelsize=7)
     fig.suptitle(f"Remote cache (moto S3 on 127.0.0.1) vs local\n{machine()}", fontsize=9)
-    fig.tight_layout()
-    os.makedirs(os.path.dirname(os.path.abspath(args.svg)), exist_ok=True)
-    fig.savefig(args.svg, format="svg", metadata={"Date": None})
-    plt.close(fig)
-    print(f"wrote {_shown(args.svg)}")
+    write_svg(args, plt, fig)
 
 
 if __name__ == "__main__":

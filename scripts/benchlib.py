@@ -94,6 +94,11 @@ def _figure(height: float):
 
 def _save(args, plt, fig, ax, title: str) -> None:
     ax.set_title(f"{title}\n{machine()}", fontsize=9)
+    write_svg(args, plt, fig)
+
+
+def write_svg(args, plt, fig) -> None:
+    """Lay out ``fig``, write it to ``args.svg`` (no date: same data, same file) and close it."""
     fig.tight_layout()
     os.makedirs(os.path.dirname(os.path.abspath(args.svg)), exist_ok=True)
     fig.savefig(args.svg, format="svg", metadata={"Date": None})
