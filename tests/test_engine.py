@@ -12,7 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from portable_loader.engine import Producer
+from portable_loader.engine import Producer, threads
 
 
 def test_engine_never_imports_the_loader():
@@ -68,6 +68,46 @@ def test_both_threads_build_and_hide_a_gil_releasing_step():
         p.close()
     assert threading.current_thread().name in tight
     assert stepped[5:].count("portable_loader-producer") >= 30  # generous: the machine is shared
+
+
+class _CountingEvent(threading.Event):
+    """Counts how often a thread came back from waiting on it (each time it took the GIL)."""
+
+    waits = 0
+
+    def wait(self, timeout=None):
+        try:
+            return super().wait(timeout)
+        finally:
+            self.waits += 1
+
+
+@pytest.mark.parametrize("depth", [1, 2, 3])
+def test_a_loop_with_no_step_leaves_the_thread_asleep(depth, monkeypatch):
+    # Each wake-up of the thread costs the caller GIL transfers; a caller that comes straight back
+    # must neither wake it nor let it build, and builds every result itself.
+    monkeypatch.setattr(threads.threading, "Event", _CountingEvent)
+
+    def produce():
+        time.sleep(0.0002)
+        return threading.current_thread().name
+
+    p = Producer(produce, depth=depth)
+    try:
+        p.next()  # the first call comes after the set-up, so it counts as a step
+        time.sleep(0.01)  # the thread fills up and sleeps
+        before = p._space.waits
+        tight = [p.next() for _ in range(400)]  # 80 ms or more
+        woke = p._space.waits - before
+        stepped = []
+        for _ in range(20):
+            stepped.append(p.next())
+            time.sleep(0.002)
+    finally:
+        p.close()
+    assert woke <= 3, woke  # the first call after the sleep wakes it; a 5 ms poll would be >= 16
+    assert tight[depth + 1:] == [threading.current_thread().name] * (399 - depth)
+    assert stepped[3:].count("portable_loader-producer") >= 12  # a step wakes it again
 
 
 def test_an_error_reaches_the_caller_and_stays():

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import collections
 import threading
+from time import perf_counter
 
 from portable_loader.engine.inline import InlineEngine
 from portable_loader.lifecycle import hook_last
@@ -18,9 +19,10 @@ from portable_loader.plan import Cursor, Planner
 __all__ = ["Producer", "WorkerError", "thread_engine"]
 
 _POLL_S = 0.2
-# How often an idle thread looks for room (a result taken wakes it at once): about the GIL's switch
-# interval, so a caller that starts to run steps finds results ready within a few ms.
-_IDLE_S = 0.005
+# The caller woke the thread only after an absence this long (its training step): shorter gaps are a
+# loop with nothing to hide under, where a wake-up (a futex call, then the GIL taken from the caller
+# within the 5 ms switch interval) costs more than the overlap could win.
+_AWAY_S = 50e-6
 _JOIN_S = 5.0  # a producer thread finishing the batch in hand
 
 
@@ -44,6 +46,11 @@ class Producer:
     a loop with no step runs at the inline speed. One lock serializes ``produce()``, so results come
     in ``produce`` order whichever thread built them.
 
+    The thread builds only for a caller that was away for longer than ``_AWAY_S`` since its last
+    ``next()`` (a step to hide under); a caller back sooner (a loop with no step) stops it after
+    the result in hand, so it sleeps and costs nothing, where a wake-up per result cost 10-25% of a
+    50 µs batch in GIL transfers (docs/performance.md).
+
     Example:
         >>> it = iter(range(3))
         >>> p = Producer(lambda: next(it), depth=2)
@@ -58,8 +65,10 @@ class Producer:
         self._depth = max(1, depth)
         self._ready: collections.deque = collections.deque()  # (kind, value); append/popleft are atomic
         self._building = threading.Lock()  # held while produce() runs, by either thread
-        self._space = threading.Event()  # set when the caller took a result (room to build another)
+        self._space = threading.Event()  # wakes the thread: a caller back from a step, or close()
         self._stop = threading.Event()
+        self._left = perf_counter()  # when the caller last returned from next()
+        self._wanted = True  # the thread may build: set by a caller with a step, cleared by one without
         self._ended: tuple | None = None  # ("end", None) or ("error", e) once produce stopped
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._thread.start()
@@ -76,23 +85,26 @@ class Producer:
 
     def _run(self) -> None:
         while not self._stop.is_set() and self._ended is None:
+            # Cleared before looking, so a wake-up between the look and the wait is not lost.
+            self._space.clear()
             # Never queue up behind the caller: if it is building, it is not busy elsewhere, and
             # waiting on the lock would only hand the next result across threads.
-            if len(self._ready) < self._depth and self._building.acquire(blocking=False):
+            if self._wanted and len(self._ready) < self._depth and self._building.acquire(blocking=False):
                 try:
                     if self._ended is None and not self._stop.is_set() and len(self._ready) < self._depth:
                         self._ready.append(self._build())
                 finally:
                     self._building.release()
                 continue
-            self._space.wait(_IDLE_S)
-            self._space.clear()
+            self._space.wait()
 
     def next(self):
+        away = perf_counter() - self._left > _AWAY_S
+        if not away:
+            self._wanted = False
         while True:
             if self._ready:
                 kind, value = self._ready.popleft()
-                self._space.set()
                 break
             if self._ended is not None:
                 kind, value = self._ended
@@ -111,6 +123,10 @@ class Producer:
                     raise WorkerError("the background thread stopped without a result") from None
                 continue
             self._building.release()
+        if away:  # the caller has a step: build the next results during it
+            self._wanted = True
+            self._space.set()
+        self._left = perf_counter()
         if kind == "end":
             raise StopIteration
         if kind == "error":
