@@ -208,9 +208,10 @@ def collate_spans(
 
     The same batch as ``collate`` over the records, bit for bit. Every field goes by one memoryview
     slice copy per piece into the flat output (no record dicts, no numpy views per record: 0.2 µs
-    a copy against 0.9 µs through numpy; ``positions`` from a ramp 0, 1, ...), ``segment_ids`` by a
-    scalar fill (both measured cheaper than building them for the batch with ``np.repeat``). A
-    record missing from ``where`` raises ``KeyError``.
+    a copy against 0.9 µs through numpy): ``positions`` from a ramp 0, 1, ..., ``segment_ids`` from
+    a run of the piece's number (a numpy scalar fill cost 1 µs a piece, 35 of a packed batch's 80 µs;
+    both also beat building them for the batch with ``np.repeat``). A record missing from ``where``
+    raises ``KeyError``.
 
     Why a loop over pieces and not a boolean-mask or fancy-index store: at 8 x 2048 those write
     every slot of the batch (17-27 µs measured) where per-piece copies write only the real tokens.
@@ -232,7 +233,9 @@ def collate_spans(
     lm = memoryview(flat["loss_mask"]) if "loss_mask" in flat else None
     att = memoryview(flat["attention_mask"]) if "attention_mask" in flat else None
     ones = (_ONES.get(seq_len) or _ones(seq_len)) if att is not None else None
-    seg = flat.get("segment_ids")  # numpy: a scalar fill per piece
+    seg = memoryview(flat["segment_ids"]) if "segment_ids" in flat else None
+    runs = (_RUNS.get(seq_len) or _runs(seq_len)) if seg is not None else None
+    run_max = _RUN_MAX * seq_len
     pos = memoryview(flat["positions"]) if "positions" in flat else None
     ramp = (_RAMPS.get(seq_len) or _ramp(seq_len)) if pos is not None else None
     id_bufs, mask_bufs, buf, ids_at, mask_at, length = spans
@@ -252,7 +255,11 @@ def collate_spans(
                 q = mask_at[k] + start
                 lm[at : at + size] = mask_bufs[b][q : q + size]
             if seg is not None:
-                seg[at : at + size] = number
+                r = number * seq_len
+                if r < run_max:
+                    seg[at : at + size] = runs[r : r + size]
+                else:  # a row of more pieces than the runs cover: numpy's scalar fill
+                    flat["segment_ids"][at : at + size] = number
             if pos is not None:
                 pos[at : at + size] = ramp[:size]
             at += size
@@ -266,12 +273,22 @@ def collate_spans(
 
 _ONES: dict[int, memoryview] = {}
 _RAMPS: dict[int, memoryview] = {}
+_RUNS: dict[int, memoryview] = {}
+# Segment numbers with a ready run of ``seq_len`` copies: a row packs ~seq_len / mean length pieces,
+# rarely more than 64; past that a numpy fill (~1 µs a piece against 0.2 µs for a copy).
+_RUN_MAX = 64
 
 
 def _ones(n: int) -> memoryview:
     """``n`` bytes of 1 (the attention mask's source), made once per row length."""
     ones = _ONES[n] = memoryview(b"\x01" * n)
     return ones
+
+
+def _runs(n: int) -> memoryview:
+    """``n`` copies of each of 0 .. ``_RUN_MAX`` - 1 as int32 (the segment ids' source), once per row length."""
+    runs = _RUNS[n] = memoryview(np.repeat(np.arange(_RUN_MAX, dtype=np.int32), n))
+    return runs
 
 
 def _ramp(n: int) -> memoryview:

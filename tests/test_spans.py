@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 import portable_loader as pl
 from portable_loader.cache import FORMAT_VERSION, ShardWriter, write_manifest
 from portable_loader.cache import writer as writer_module
-from portable_loader.collate import FIELDS, collate, collate_spans
+from portable_loader.collate import _RUN_MAX, FIELDS, collate, collate_spans
 
 N = 300
 
@@ -92,11 +92,12 @@ def fields_strategy():
 
 @st.composite
 def row_plans(draw):
-    """Rows of pieces (record, start, end): ends past the record, empty pieces and rows, repeats."""
+    """Rows of pieces (record, start, end): ends past the record, empty pieces and rows, repeats,
+    and rows of more pieces than collate's ready segment runs cover (``_RUN_MAX``)."""
     rows = []
     for _ in range(draw(st.integers(0, 6))):
         row = []
-        for _ in range(draw(st.integers(0, 5))):
+        for _ in range(draw(st.integers(0, 5) | st.integers(_RUN_MAX - 3, _RUN_MAX + 5))):
             i = draw(st.integers(0, N - 1))
             start = draw(st.integers(0, 160))
             row.append((i, start, start + draw(st.integers(0, 160))))
