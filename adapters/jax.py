@@ -32,7 +32,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from portable_loader.errors import StateError
 from portable_loader.lifecycle import Closing, close_at_exit
-from portable_loader.loader import DataLoader
+from portable_loader.loader import DataLoader, LoaderIterator
 from portable_loader.state import parse_state
 from portable_loader.engine import Producer
 
@@ -104,7 +104,8 @@ class JaxLoader(Closing):
             )
         self.loader = loader if loader.shard_given else loader.with_shard(index, count)
         self.prefetch = int(prefetch)
-        self._it = iter(self.loader)
+        # With prefetch its thread builds the batches: no second thread under it.
+        self._it = LoaderIterator(self.loader, thread=self.prefetch == 0)
         # The state of the batches returned, computed only when asked for (``state_later``: a
         # digest per batch costs ~10 µs that a trainer saving every 1,000 steps should not pay).
         self._state = self._it.state_later()

@@ -32,7 +32,7 @@ import torch
 from portable_loader.adapters.hf import hf_fields  # noqa: F401 - importable from here too, as before
 from portable_loader.errors import StateError
 from portable_loader.lifecycle import Closing, close_at_exit
-from portable_loader.loader import DataLoader
+from portable_loader.loader import DataLoader, LoaderIterator
 from portable_loader.engine import Producer
 
 __all__ = ["TorchLoader", "hf_fields"]
@@ -78,7 +78,8 @@ class TorchLoader(Closing):
         self.async_collation = bool(async_collation)
         self.pin_memory = self.device.type == "cuda" if pin_memory is None else bool(pin_memory)
         self.hf_labels = bool(hf_labels)
-        self._it = iter(self.loader)
+        # With async collation its thread builds the batches: no second thread under it.
+        self._it = LoaderIterator(self.loader, thread=not self.async_collation)
         # The state of the batches handed to the trainer, computed when asked for (state_later).
         self._state = self._it.state_later()
         self._worker: _AsyncCollator | None = None

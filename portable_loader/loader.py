@@ -376,10 +376,19 @@ class LoaderIterator(Closing, Iterator[dict]):
     The state describes the batches already returned by ``next`` (never the prefetched ones).
     Also ``state_dict``/``load_state_dict`` (torch's ``Stateful``), and a context manager whose exit
     (like ``close()``) stops every thread and worker process.
+
+    ``thread=False`` builds batches in the caller's thread even when the loader has ``prefetch``:
+    for adapters that run their own background thread (``TorchLoader``'s async collation,
+    ``JaxLoader``'s prefetch), so one thread plans, collates and converts each batch. Two threads
+    handed every batch across twice, and cost 2x in a loop with no step (docs/performance.md).
+
+    Example:
+        >>> it = LoaderIterator(loader, thread=False)   # doctest: +SKIP
     """
 
-    def __init__(self, loader: DataLoader):
+    def __init__(self, loader: DataLoader, *, thread: bool = True):
         self.loader = loader
+        self._thread = bool(thread)
         self._planner = loader.planner()
         self._cursor = Cursor(0, 0, 0)
         self._engine = None
@@ -412,7 +421,7 @@ class LoaderIterator(Closing, Iterator[dict]):
     # --- iteration ----------------------------------------------------------------------------
 
     def _start(self):
-        return start(self.loader, self._planner, self._cursor)
+        return start(self.loader, self._planner, self._cursor, thread=self._thread)
 
     def __next__(self) -> dict[str, np.ndarray]:
         if self._engine is None:

@@ -3,6 +3,7 @@ Orbax and Grain checkpoint round trips, and a real two-process JAX job resumed i
 
 import json
 import os
+import threading
 import subprocess
 import sys
 
@@ -132,6 +133,17 @@ def test_state_is_computed_only_when_asked_for(monkeypatch, prefetch):
         take(jl, 3)
         assert jl.state_dict() == want[5]
         assert len(made) == 3  # (closing a prefetching loader computes one more: it rewinds to it)
+@pytest.mark.parametrize("prefetch", [0, 2])
+def test_one_background_thread_builds_and_places(prefetch):
+    # JaxLoader's prefetch thread runs the loader inline (no prefetch thread under it); with
+    # prefetch=0 the loader's own prefetch thread is the one.
+    with JaxLoader(loader(prefetch=2), prefetch=prefetch) as jl:
+        got = as_numpy(take(iter(jl), 6))
+        names = sorted(t.name for t in threading.enumerate() if t.name.startswith("portable_loader-") and t.is_alive())
+    assert names == (["portable_loader-jax-prefetch"] if prefetch else ["portable_loader-prefetch"])
+    assert same(got, take(iter(loader(prefetch=0)), 6))
+
+
 def test_misaligned_shard_is_refused():
     with pytest.raises(ValueError, match="given shard 1/2"):
         JaxLoader(loader(shard_index=1, shard_count=2))

@@ -48,6 +48,20 @@ def test_async_and_serial_batches_are_byte_identical_over_epochs(device, packing
 
 
 @pytest.mark.parametrize("async_collation", [False, True])
+def test_one_background_thread_builds_and_converts(async_collation):
+    # The collator thread runs the loader inline: a prefetch thread under it would hand every
+    # batch across twice. Without async collation, the loader's own prefetch thread is the one.
+    def building_threads():
+        return sorted(t.name for t in threading.enumerate() if t.name.startswith("portable_loader-") and t.is_alive())
+
+    with TorchLoader(loader(prefetch=2), device="cpu", async_collation=async_collation) as tl:
+        got = as_numpy(_take(iter(tl), 6))
+        names = building_threads()
+    assert names == (["portable_loader-torch-collator"] if async_collation else ["portable_loader-prefetch"])
+    assert same(got, _take(iter(loader(prefetch=0)), 6))
+
+
+@pytest.mark.parametrize("async_collation", [False, True])
 def test_state_is_that_of_consumed_batches_across_epoch_boundaries(async_collation, tmp_path):
     src = make_source(24)
     kw = dict(packing=False, global_batch_size=4)  # 6 steps per epoch

@@ -23,11 +23,12 @@ from portable_loader.plan import Cursor, Planner
 __all__ = ["FetchAhead", "InlineEngine", "ProcessEngine", "Producer", "WorkerError", "build_batch", "start", "thread_engine"]
 
 
-def start(loader, planner: Planner, cursor: Cursor):
-    """The engine for ``loader``'s settings, starting at ``cursor``: processes, a thread, or inline."""
+def start(loader, planner: Planner, cursor: Cursor, thread: bool = True):
+    """The engine for ``loader``'s settings, starting at ``cursor``: processes, a thread, or inline
+    (``thread=False``: inline instead of the prefetch thread)."""
     if loader.num_workers > 0:
         engine = ProcessEngine(loader, planner, cursor)
-    elif loader.prefetch > 0:
+    elif loader.prefetch > 0 and thread:
         engine = thread_engine(loader, planner, cursor)
     else:
         engine = InlineEngine(loader, planner, cursor)
