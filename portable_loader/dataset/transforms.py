@@ -53,6 +53,19 @@ class _Transform(Dataset):
     def stream_order(self, seed: int, *, shuffle: bool = True, num_epochs: int | None = None):
         return self.parent.stream_order(seed, shuffle=shuffle, num_epochs=num_epochs)
 
+    _callable_attr: str  # the attribute holding the user's function: "fn" or "pred"
+
+    def _with_parent(self, parent: Dataset) -> "_Transform":
+        raise NotImplementedError
+
+    def _identity(self) -> tuple:
+        fn = self.__dict__[self._callable_attr]
+        return (self.parent.fingerprint(), ("name", self.name) if self.name is not None else function_identity(fn))
+
+    def reopen(self) -> "_Transform":
+        parent = self.parent.reopen()
+        return self if parent is self.parent else self._with_parent(parent)
+
     def __getattr__(self, name: str):
         # Only reached when normal lookup fails; "parent" itself is absent while unpickling.
         if name in _FORWARDED and "parent" in self.__dict__:
@@ -86,6 +99,8 @@ class Map(_Transform):
         ValueError: map <lambda> promised keeps_lengths but changed record 0 from 5 to 2 tokens
     """
 
+    _callable_attr = "fn"
+
     def __init__(self, parent: Dataset, fn: Callable[[Any], Any], *, name: str | None = None, keeps_lengths: bool = False):
         if not callable(fn):
             raise TypeError(f"map() takes a callable, got {type(fn).__name__}")
@@ -118,14 +133,7 @@ class Map(_Transform):
     def accepts(self, indices) -> np.ndarray:
         return self.parent.accepts(indices)
 
-    def _identity(self) -> tuple:
-        fn = ("name", self.name) if self.name is not None else function_identity(self.fn)
-        return (self.parent.fingerprint(), fn)
-
-    def reopen(self) -> "Map":
-        parent = self.parent.reopen()
-        if parent is self.parent:
-            return self
+    def _with_parent(self, parent: Dataset) -> "Map":
         return Map(parent, self.fn, name=self.name, keeps_lengths=self.keeps_lengths)
 
 
@@ -156,6 +164,8 @@ class Filter(_Transform):
         ...
         TypeError: filter <lambda> returned list for record 0; a predicate must return a bool
     """
+
+    _callable_attr = "pred"
 
     def __init__(self, parent: Dataset, pred: Callable[[Any], bool], *, name: str | None = None):
         if not callable(pred):
@@ -238,14 +248,7 @@ class Filter(_Transform):
             out[rest] = self.parent.lengths(idx[rest])
         return out
 
-    def _identity(self) -> tuple:
-        fn = ("name", self.name) if self.name is not None else function_identity(self.pred)
-        return (self.parent.fingerprint(), fn)
-
-    def reopen(self) -> "Filter":
-        parent = self.parent.reopen()
-        if parent is self.parent:
-            return self
+    def _with_parent(self, parent: Dataset) -> "Filter":
         return Filter(parent, self.pred, name=self.name)
 
     def __getstate__(self):  # a spawned worker starts with no memo
