@@ -10,24 +10,26 @@ over the memory-mapped Arrow shards), and LitData's own optimized chunks. Every 
 shuffled 8 x 2048 batches holding the same fields: padded (``input_ids``, ``loss_mask``,
 ``attention_mask``) and packed (plus ``segment_ids`` and ``positions``; the peers pack each batch's
 records greedily in their ``collate_fn``, the way their users do). Rounds are interleaved and the
-figures are medians over rounds, and ratios the median of each round's ratio:
+figures are medians over rounds, and ratios the median of each round's ratio (every other round
+runs the loaders in reverse order):
 
 * batches/s with no training step, with 0 and 2 workers, and main-thread CPU time per batch
   (``time.thread_time``: what the trainer's thread pays);
-* batches/s under a simulated training step (``--step-ms``, a sleep: the host waits on the GPU
+* batches/s under a simulated training step (``--step-ms``, padded and packed, a sleep: the host waits on the GPU
   and holds neither the GIL nor a core), as a fraction of the bound 1 / max(step, collate) with
   the step as measured (a loaded machine oversleeps) and collate = 1 / (batches/s with no step);
 * resume: the time from a fresh loader plus its saved state at step ``--resume-step`` to the next
   batch, whether the next batches equal the uninterrupted run's, and whether the order of batches
   changes between 0 and 2 workers.
 
-Writes docs/bench/peers.csv and docs/bench/peers.svg (``--out`` to change the folder).
+Also each configuration's ratio to our inline loop in the same mode (``x_inline``: what the
+default's prefetch thread costs, or gains, in the same loop). Writes docs/bench/peers.csv and
+docs/bench/peers.svg (``--csv``/``--svg``, as every ``scripts/bench_*.py``).
 """
 
 from __future__ import annotations
 
 import argparse
-import csv
 import gc
 import os
 import statistics
@@ -40,7 +42,8 @@ import numpy as np
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "scripts"))
 
-from bench_sampler import machine  # noqa: E402
+import benchlib  # noqa: E402
+from benchlib import machine  # noqa: E402
 
 import portable_loader as pl  # noqa: E402
 from portable_loader.cache import FORMAT_VERSION, ShardWriter, write_manifest  # noqa: E402
@@ -308,37 +311,39 @@ def order_depends_on_workers(make0, make2, steps: int = 20) -> bool:
         make2.close(b)
 
 
-def plot(rows: list[dict], path: str) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+def plot(args, rows: list[dict]) -> None:
+    """Bars of batches/s with no step, coloured by library."""
+    if args.svg == "-":
+        return
     shown = [r for r in rows if r["batches_per_s"]]
     labels = [f"{r['loader']} ({r['config']}, {r['mode']}, w={r['workers']})" for r in shown]
     colors = {"portable_loader": "tab:blue", "torchdata": "tab:orange", "litdata": "tab:green"}
-    fig, ax = plt.subplots(figsize=(9, 0.32 * len(shown) + 1.2))
+    plt, (fig, ax) = benchlib._figure(0.32 * len(shown) + 1.2)
     ax.barh(range(len(shown)), [r["batches_per_s"] for r in shown], color=[colors[r["loader"]] for r in shown])
     ax.set_yticks(range(len(shown)), labels, fontsize=8)
     ax.invert_yaxis()
     ax.set_xlabel(f"batches/s ({B} x {S}, median of rounds, no training step)")
-    ax.set_title("Single process and 2 workers, same sequences, same fields")
-    fig.tight_layout()
-    fig.savefig(path)
+    ax.set_title(f"Single process and 2 workers, same sequences, same fields\n{machine()}", fontsize=9)
+    benchlib.write_svg(args, plt, fig)
+
+
+def _median_ratio(a: list, b: list) -> float:
+    """The median over rounds of each round's ratio of batches/s (a round's loaders ran under the
+    same load, seconds apart; the load between rounds drifts more)."""
+    return round(statistics.median(x[0] / y[0] for x, y in zip(a, b)), 3)
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--records", type=int, default=300_000)
-    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--steps", type=int, default=2000, help="timed batches per measurement (no workers)")
     ap.add_argument("--worker-steps", type=int, default=1000, help="timed batches per measurement (2 workers)")
     ap.add_argument("--step-ms", type=float, default=2.0, help="simulated training step")
     ap.add_argument("--resume-step", type=int, default=20_000)
-    ap.add_argument("--out", default=os.path.join(ROOT, "docs", "bench"))
     ap.add_argument("--work", default=None, help="where to write the caches (default: a temporary folder)")
+    benchlib.add_output_args(ap, "peers")
     args = ap.parse_args()
-    os.makedirs(args.out, exist_ok=True)
     work = args.work or tempfile.mkdtemp(prefix="bench_peers_")
     cache, lit = os.path.join(work, "arrow"), os.path.join(work, "litdata")
     if not os.path.exists(cache):
@@ -368,13 +373,15 @@ def main() -> None:
     samples: dict[int, list] = {i: [] for i in range(len(configs))}
     stepped: dict[int, list] = {i: [] for i in range(len(configs))}
     for rnd in range(args.rounds):
-        for i, (name, config, mode, workers, lib) in enumerate(configs):
+        # Every other round runs the loaders in reverse, so no loader always runs first (or last).
+        order = list(enumerate(configs)) if rnd % 2 == 0 else list(enumerate(configs))[::-1]
+        for i, (name, config, mode, workers, lib) in order:
             steps = args.worker_steps if workers else args.steps
             bps, cpu, _, tokens = throughput(lib, steps)
             samples[i].append((bps, cpu, tokens))
             print(f"round {rnd} {name:16s} {config:19s} {mode} w={workers}: {bps:8.0f} batches/s, "
                   f"main thread {cpu:6.1f} µs/batch, {tokens:6.0f} tokens/batch", flush=True)
-            if workers == 0 and mode == "padded":
+            if workers == 0:
                 sbps, scpu, step, _ = throughput(lib, max(100, steps // 10), args.step_ms / 1000)
                 # Within 5% of 1 / max(step, collate) means collation is hidden under the step.
                 stepped[i].append((sbps, sbps * max(step, 1 / bps), scpu))
@@ -388,13 +395,12 @@ def main() -> None:
                      "with_step_batches_per_s": round(statistics.median(x[0] for x in st), 1) if st else "",
                      "with_step_fraction_of_bound": round(statistics.median(x[1] for x in st), 3) if st else "",
                      "with_step_main_cpu_us_per_batch": round(statistics.median(x[2] for x in st), 1) if st else ""})
-    # Ratios against the peers: the median over rounds of each round's ratio (a round's loaders ran
-    # minutes apart at most, under the same load; the load between rounds drifts more).
     for i, r in enumerate(rows):
-        for peer in ("torchdata", "litdata"):
-            j = [k for k, p in enumerate(rows) if p["loader"] == peer and p["mode"] == r["mode"]
-                 and p["workers"] == r["workers"]]
-            r[f"x_{peer}"] = round(statistics.median(a[0] / b[0] for a, b in zip(samples[i], samples[j[0]])), 2) if j else ""
+        for peer, config in (("portable_loader", "inline"), ("torchdata", None), ("litdata", None)):
+            j = [k for k, (n, c, m, w, _) in enumerate(configs)
+                 if n == peer and (config is None or c == config) and m == r["mode"] and w == r["workers"]]
+            key = "x_inline" if peer == "portable_loader" else f"x_{peer}"
+            r[key] = _median_ratio(samples[i], samples[j[0]]) if j else ""
         # Packed batches differ in how full they are (the peers pack greedily and drop what does not fit).
         r["tokens_per_s"] = round(r["batches_per_s"] * r["tokens_per_batch"])
     # Resume and worker-order checks, padded, once per library.
@@ -410,12 +416,10 @@ def main() -> None:
         for r in rows:
             if r["loader"] == name:
                 r.update(resume_ms=round(seconds * 1000, 1), resume_exact=exact, order_depends_on_workers=depends)
-    with open(os.path.join(args.out, "peers.csv"), "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=list(rows[0]) + [k for k in ("resume_ms", "resume_exact", "order_depends_on_workers") if k not in rows[0]])
-        w.writeheader()
-        w.writerows(rows)
-    plot(rows, os.path.join(args.out, "peers.svg"))
-    print(f"wrote {args.out}/peers.csv and peers.svg ({machine()}, {args.records} records, {args.rounds} rounds)")
+    header = list(rows[0])
+    benchlib.write_table(args, header, [[r.get(k, "") for k in header] for r in rows])
+    plot(args, rows)
+    print(f"{machine()}, {args.records} records, {args.rounds} rounds")
 
 
 if __name__ == "__main__":
