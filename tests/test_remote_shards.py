@@ -219,6 +219,44 @@ def test_fetch_ahead_fetches_the_next_steps_shards_within_the_budget(many, tmp_p
         assert src.remote["fetches"] == 2 and src.store.local_bytes() <= 3 * max(sizes)
 
 
+def test_a_mixture_of_remote_caches_fetches_ahead_for_each_within_its_limit(many, tmp_path):
+    import time
+
+    url, local, sizes = many
+    config = dict(global_batch_size=4, seq_len=64, seed=3, prefetch=0)
+    weights = {"a": 2, "b": 1}
+
+    def settle(srcs, fetches, seconds=20.0):
+        deadline = time.monotonic() + seconds
+        while sum(s.remote["fetches"] for s in srcs) < fetches and time.monotonic() < deadline:
+            time.sleep(0.05)
+        return [s.remote["fetches"] for s in srcs]
+
+    # No limit: after one step (4 records, at most 4 shards read by the step itself), each cache's
+    # thread fetches every shard its part of the stream reads: all 15 of each.
+    a, b = (pl.open_cache(url, cache_dir=tmp_path / n) for n in ("a", "b"))
+    with iter(pl.DataLoader(pl.mix({"a": a, "b": b}, weights), **config)) as it:
+        next(it)
+        assert settle([a, b], 2 * len(sizes)) == [len(sizes), len(sizes)]
+    # A 3-shard limit each, through a map and a filter: each thread stays within its own cache's
+    # limit, and the batches equal a mixture of local copies.
+    limit = 3 * max(sizes)
+    a, b = (pl.open_cache(url, cache_dir=tmp_path / f"small-{n}", cache_limit=limit) for n in ("a", "b"))
+
+    def keep(r):
+        return len(r["input_ids"]) % 5 != 0
+
+    def mixed(x, y):
+        return pl.mix({"a": pl.source(x).map(dict), "b": pl.source(y).filter(keep)}, weights)
+
+    got, got_state = run(mixed(a, b), steps=40, **config)
+    for s in (a, b):
+        assert s.remote["fetches"] >= 3 and s.store.local_bytes() <= limit + max(sizes)
+    want, want_state = run(mixed(pl.open_cache(local), pl.open_cache(local)), steps=40, **config)
+    same(got, want)
+    assert got_state == want_state
+
+
 def test_a_collected_source_unpins_its_shards(many, tmp_path):
     import gc
 

@@ -2,8 +2,9 @@
 
 Every engine carries out row plans the ``Planner`` already fixed, through the same ``build_batch``,
 so the engine changes how fast batches come, never what they hold. ``start`` picks one from the
-loader's ``num_workers`` and ``prefetch``; over a remote cache, a :class:`FetchAhead` thread
-also reserves the shards of the steps ahead (after the workers are forked). Nothing here imports ``portable_loader.loader``.
+loader's ``num_workers`` and ``prefetch``; over a remote cache (or a mixture of them), a
+:class:`FetchAhead` thread per cache also reserves the shards of the steps ahead (after the
+workers are forked). Nothing here imports ``portable_loader.loader``.
 
 Example:
     >>> from portable_loader.plan import Cursor
@@ -14,7 +15,7 @@ Example:
 
 from __future__ import annotations
 
-from portable_loader.engine.fetch_ahead import FetchAhead, remote_of
+from portable_loader.engine.fetch_ahead import FetchAhead, remotes_of
 from portable_loader.engine.inline import InlineEngine, build_batch
 from portable_loader.engine.processes import ProcessEngine
 from portable_loader.engine.threads import Producer, WorkerError, thread_engine
@@ -32,5 +33,6 @@ def start(loader, planner: Planner, cursor: Cursor, thread: bool = True):
         engine = thread_engine(loader, planner, cursor)
     else:
         engine = InlineEngine(loader, planner, cursor)
-    remote = remote_of(loader.source)
-    return engine if remote is None else FetchAhead(engine, loader, remote, cursor)
+    for lo, hi, remote in remotes_of(loader.source):  # one fetch-ahead thread per remote cache
+        engine = FetchAhead(engine, loader, remote, cursor, part=(lo, hi))
+    return engine

@@ -31,7 +31,7 @@ import numpy as np
 
 from portable_loader.plan import Cursor
 
-__all__ = ["FetchAhead", "remote_of"]
+__all__ = ["FetchAhead", "remote_of", "remotes_of"]
 
 _WAIT_S = 0.2
 _JOIN_S = 10.0
@@ -55,11 +55,35 @@ def remote_of(dataset):
     return None
 
 
+def remotes_of(dataset) -> list[tuple[int, int, object]]:
+    """Every remote cache a dataset reads, as ``(lo, hi, cache)``: the cache's records are the
+    dataset's indices ``[lo, hi)`` (through maps and filters: all of them; in a mixture: its slice).
+
+    Example:
+        >>> from portable_loader.dataset import mix, source
+        >>> remotes_of(mix({"a": [{"input_ids": [1]}], "b": [{"input_ids": [2]}]}, {"a": 1, "b": 1}))
+        []
+    """
+    remote = remote_of(dataset)
+    if remote is not None:
+        return [(0, len(dataset), remote)]
+    node = dataset
+    while getattr(node, "children", None) is None and getattr(node, "parent", None) is not None:
+        node = node.parent  # a map or filter over a mixture keeps the mixture's indices
+    children, offsets = getattr(node, "children", None), getattr(node, "offsets", None)
+    if children is None or offsets is None:
+        return []
+    return [(int(off) + lo, int(off) + hi, r)
+            for child, off in zip(children, offsets) for lo, hi, r in remotes_of(child)]
+
+
 class FetchAhead:
     """An engine that reserves, in a background thread, the shards of the records after the consumer's.
 
     ``max_records``: how many stream positions ahead of the consumer it may look (the only bound
-    when the cache has no ``cache_limit``).
+    when the cache has no ``cache_limit``). ``part``: the loader's indices ``[lo, hi)`` that are
+    ``remote``'s records (a mixture's slice; default: all of them). A mixture of remote caches gets
+    one ``FetchAhead`` per cache, each within that cache's own ``cache_limit``.
 
     Example:
         >>> engine = FetchAhead(InlineEngine(loader, loader.planner(), Cursor(0, 0, 0)), loader,
@@ -67,8 +91,9 @@ class FetchAhead:
         >>> batch, cursor = engine.next(); engine.close()                   # doctest: +SKIP
     """
 
-    def __init__(self, engine, loader, remote, cursor: Cursor, max_records: int = 1 << 13):
+    def __init__(self, engine, loader, remote, cursor: Cursor, max_records: int = 1 << 13, part: tuple | None = None):
         self.engine, self.loader, self.remote, self.max_records = engine, loader, remote, max_records
+        self.part = part
         self._planner = loader.planner()  # its own order and planner: the engine's are not thread-safe
         self.window = loader.packing_window if loader.packing else 1
         limit = remote.store.limit
@@ -127,7 +152,11 @@ class FetchAhead:
                 if not self._wait(held, lambda: hi - self._consumed <= self.max_records, lambda: hi - self.max_records // 2):
                     return
                 pos = self._mine(lo, hi)
-                shards = self.remote.shard_of(self._planner.sampler.stream_indices(pos)) if pos.size else pos
+                idx = self._planner.sampler.stream_indices(pos) if pos.size else pos
+                if self.part is not None and pos.size:  # a mixture: only this cache's records
+                    inside = (idx >= self.part[0]) & (idx < self.part[1])
+                    pos, idx = pos[inside], idx[inside] - self.part[0]
+                shards = self.remote.shard_of(idx) if pos.size else pos
                 # Each shard's first and last position in this chunk (packing: the end of its window).
                 order, first = np.unique(shards, return_index=True)
                 last = pos.size - 1 - np.unique(shards[::-1], return_index=True)[1]
