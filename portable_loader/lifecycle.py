@@ -30,7 +30,7 @@ import threading
 import uuid
 import weakref
 
-__all__ = ["Closing", "close_at_exit", "close_all", "hook_last", "private_path", "sweep_stale"]
+__all__ = ["Closing", "close_at_exit", "close_all", "hook_last", "pid_alive", "private_path", "sweep_stale"]
 
 # Live closables and the order they were registered in: the exit hook closes the newest first, so an
 # adapter (registered after the iterator it creates) stops its thread before the iterator's workers.
@@ -149,6 +149,22 @@ def private_path(base: str, prefix: str, owner=None) -> str:
 _swept: set = set()
 
 
+def pid_alive(pid: int) -> bool:
+    """Whether a process with this pid exists (zombies included); used for stale temp dirs and workers.
+
+    Example:
+        >>> pid_alive(os.getpid())
+        True
+    """
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
 def sweep_stale(base: str, prefix: str) -> list[str]:
     """Remove ``base/prefix{pid}-*`` of this user whose process is gone (a ``kill -9`` runs no cleanup).
 
@@ -156,8 +172,6 @@ def sweep_stale(base: str, prefix: str) -> list[str]:
         >>> sweep_stale("/dev/shm", "portable_loader-tokenized-")   # doctest: +SKIP
         ['/dev/shm/portable_loader-tokenized-4242-0123456789ab']
     """
-    from portable_loader.cache import pid_alive
-
     removed = []
     try:
         names = os.listdir(base)

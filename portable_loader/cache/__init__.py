@@ -8,8 +8,10 @@ One concept per module:
 
 - :mod:`~portable_loader.cache.manifest`: the key, and writing, reading and checking the manifest
 - :mod:`~portable_loader.cache.writer`: ``ShardWriter``, shard names, per-record content digests
-- :mod:`~portable_loader.cache.readers`: ``open_cache`` and the Arrow / ArrayRecord sources
-- :mod:`~portable_loader.cache.publish`: temp directories, stale cleanup, the atomic rename, ``pid_alive``
+- :mod:`~portable_loader.cache.opening`: ``open_cache``, local or remote
+- :mod:`~portable_loader.cache.readers`: the Arrow / ArrayRecord sources and ``Spans``
+- :mod:`~portable_loader.cache.publish`: temp directories, stale cleanup, the atomic rename
+  (``pid_alive``, also exported here, lives in :mod:`portable_loader.lifecycle`)
 
 Example:
     >>> from portable_loader.cache import open_cache
@@ -19,9 +21,9 @@ Example:
 """
 
 from portable_loader.cache.manifest import FORMAT_VERSION, read_manifest, write_manifest
-from portable_loader.cache.publish import pid_alive
-from portable_loader.cache.readers import open_cache
+from portable_loader.cache.opening import open_cache
 from portable_loader.cache.writer import ShardWriter, record_digest, shard_name
+from portable_loader.lifecycle import pid_alive
 
 __all__ = [
     "FORMAT_VERSION", "ShardWriter", "open_cache", "pid_alive", "read_manifest", "record_digest", "shard_name",

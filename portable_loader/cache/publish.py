@@ -18,6 +18,8 @@ import shutil
 import socket
 import uuid
 
+from portable_loader.lifecycle import pid_alive
+
 _HOST = socket.gethostname().replace("-", "_")
 
 
@@ -49,22 +51,6 @@ def staging_dir(url: str) -> str:
 
     digest = hashlib.sha256(url.rstrip("/").encode()).hexdigest()[:16]
     return os.path.join(tempfile.gettempdir(), f"portable_loader-staging-{os.getuid()}", digest)
-
-
-def pid_alive(pid: int) -> bool:
-    """Whether a process with this pid exists (zombies included); used for stale temp dirs and workers.
-
-    Example:
-        >>> pid_alive(os.getpid())
-        True
-    """
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def clean_stale(out: str, name: str) -> list[str]:

@@ -1,4 +1,4 @@
-"""Reading caches: ``open_cache`` and the Arrow and ArrayRecord record sources it returns.
+"""Reading local caches: the Arrow and ArrayRecord record sources ``open_cache`` (``opening.py``) returns.
 
 Opening is O(shards), never O(rows). Sources follow Grain's ``RandomAccessDataSource`` protocol
 (``len``, ``[i]``) plus batched reads (``__getitems__``) and vectorized ``lengths``; records are
@@ -6,7 +6,7 @@ Opening is O(shards), never O(rows). Sources follow Grain's ``RandomAccessDataSo
 records' tokens lie (:class:`Spans`), so that collation copies them with no per-record objects.
 
 Example:
-    >>> src = open_cache("cache/alpaca-0123abcd")       # doctest: +SKIP
+    >>> src = pl.open_cache("cache/alpaca-0123abcd")    # doctest: +SKIP
     >>> len(src), src[0]["input_ids"].dtype             # doctest: +SKIP
     (999, dtype('int32'))
 """
@@ -23,11 +23,9 @@ from typing import NamedTuple, Sequence
 import numpy as np
 
 from portable_loader.cache.armap import index_shard, read_record
-from portable_loader.cache.manifest import check_shards, read_manifest
 from portable_loader.cache.writer import ARRAY_RECORD_OPTIONS
 from portable_loader.errors import CacheError
 from portable_loader.indexing import parse_index
-from portable_loader.io.remote import is_url
 
 
 class Spans(NamedTuple):
@@ -520,41 +518,3 @@ class ArrayRecordCacheSource(_CacheSource):
             self._memo.clear()
             self._memo_sizes.clear()
             self._memo_size = 0
-
-
-def open_cache(path: str, verify: bool = False, *, cache_dir: str | None = None, cache_limit=None,
-               storage_options: dict | None = None):
-    """Open a published cache; refuse one that is incomplete, corrupted or of another format version.
-
-    Opening is O(shards), never O(rows): no per-record Python objects are built. ``verify=True`` also
-    checks every shard's sha256 and names a corrupted one.
-
-    A URL (``s3://bucket/caches/text-0123...``, any fsspec protocol) is read shard by shard
-    (:class:`~portable_loader.cache.lazy.RemoteCacheSource`): each shard is downloaded whole when
-    first read (or fetched ahead by the loader), checked against the manifest's size and sha256, into
-    ``cache_dir`` (default ``$PORTABLE_LOADER_CACHE_DIR`` or ``~/.cache/portable_loader/remote``),
-    which ``cache_limit`` (bytes, or ``"10GB"``) bounds by evicting the least recently opened shards
-    not in use. Downloads are always verified, so ``verify`` applies to local paths only.
-    The source's ``remote`` attribute says ``{"url", "local", "bytes_downloaded", "fetches"}``.
-
-    Example:
-        >>> src = open_cache(pl.precache("train.jsonl", tokenizer="tok/", format="text", out="cache/"))  # doctest: +SKIP
-        >>> src[0]["loss_mask"].dtype                                                                  # doctest: +SKIP
-        dtype('uint8')
-        >>> src = open_cache("s3://bucket/caches/text-0123", cache_dir="/scratch/pl", cache_limit="10GB")  # doctest: +SKIP
-    """
-    if is_url(path):
-        from portable_loader.cache.lazy import RemoteCacheSource
-        from portable_loader.cache.remote import open_store
-
-        return RemoteCacheSource(open_store(path, cache_dir, cache_limit, storage_options))
-    path = os.fspath(path)
-    manifest = read_manifest(path)
-    check_shards(path, manifest, verify=verify)
-    cls = ArrowCacheSource if manifest["backend"] == "arrow" else ArrayRecordCacheSource
-    try:
-        return cls(path, manifest)
-    except CacheError:
-        raise
-    except Exception as e:  # pyarrow / array_record errors on a damaged shard
-        raise CacheError(f"{path}: cannot read shards: {type(e).__name__}: {e}") from None

@@ -27,12 +27,11 @@ import threading
 import time
 import traceback
 
-from portable_loader.cache import pid_alive
 from portable_loader.engine.ahead import AHEAD_BLOCKS, Ahead, wanted
 from portable_loader.engine.inline import build_batch
 from portable_loader.engine.threads import WorkerError
 from portable_loader.errors import CacheError
-from portable_loader.lifecycle import hook_last
+from portable_loader.lifecycle import hook_last, pid_alive
 from portable_loader.plan import Cursor, Planner
 
 __all__ = ["ProcessEngine"]

@@ -25,7 +25,7 @@ import sys
 import time
 
 from portable_loader.cache.manifest import BACKENDS
-from portable_loader.cache.readers import open_cache
+from portable_loader.cache.opening import open_cache
 from portable_loader.errors import PortableLoaderError
 from portable_loader.precache import ENGINES, _fmt_dropped, build_cache, sample_args
 from portable_loader.precache.manage import cache_info, format_info, list_caches, remove_cache

@@ -23,7 +23,7 @@ import numpy as np
 
 from portable_loader.cache.manifest import MANIFEST, cache_names, check_shards, read_manifest
 from portable_loader.cache.publish import _HOST
-from portable_loader.cache.readers import open_cache
+from portable_loader.cache.opening import open_cache
 from portable_loader.cache.remote import check_remote_shards, remote_manifest
 from portable_loader.errors import CacheError
 from portable_loader.io.remote import filesystem, is_url, join
