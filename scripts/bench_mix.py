@@ -2,6 +2,7 @@
 
     python scripts/bench_mix.py                 # three synthetic caches, 400 batches per contender and round
     python scripts/bench_mix.py --steps 300 --positions 200000
+    # writes docs/bench/mix.csv and mix.svg (--csv/--svg), as every scripts/bench_*.py
 
 Speed (padded 8 x 2048 batches, one process, no workers, 15 interleaved rounds; ratios are medians of
 per-round ratios):
@@ -28,7 +29,7 @@ import numpy as np
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "scripts"))
 
-from bench_sampler import machine  # noqa: E402
+from benchlib import add_output_args, bar_svg, machine, write_table  # noqa: E402
 
 import portable_loader as pl  # noqa: E402
 from portable_loader.cache import FORMAT_VERSION, ShardWriter, write_manifest  # noqa: E402
@@ -245,6 +246,7 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--steps", type=int, default=400)
     p.add_argument("--positions", type=int, default=1_000_000)
+    add_output_args(p, "mix")
     args = p.parse_args()
     print(f"machine: {machine()}; caches {SIZES} (64..3000 tokens per record); weights {WEIGHTS}; batches {B}x{S}")
     work = tempfile.mkdtemp(prefix="bench-mix-")
@@ -255,6 +257,10 @@ def main() -> None:
         print(f"\n| contender | batches/s, best of {ROUNDS} rounds (describe: steps/s) |\n|---|---|")
         for label, v in res.items():
             print(f"| {label} | {v:,.0f} |")
+        write_table(args, ["contender", "per_s"], [[label, float(v)] for label, v in res.items()])
+        bar_svg(args, "pl.mix against one source and Grain's MapDataset.mix (padded 8 x 2048)", list(res),
+                [float(v) for v in res.values()], f"batches/s, best of {ROUNDS} rounds (describe: steps/s)",
+                highlight=[label for label in res if "Grain" not in label])
         print(f"\nmedian over rounds: pl.mix vs one source {vs_one:.2f}x (target >= 0.8); "
               f"pl.mix vs Grain's mix {vs_grain:.1f}x (target >= 5)")
         print(f"\nmixing methods over {args.positions:,} records, weights {list(WEIGHTS.values())}:\n")
