@@ -31,28 +31,11 @@ import numpy as np
 
 from portable_loader.plan import Cursor
 
-__all__ = ["FetchAhead", "remote_of", "remotes_of"]
+__all__ = ["FetchAhead", "remotes_of"]
 
 _WAIT_S = 0.2
 _JOIN_S = 10.0
 _CHUNK = 1024  # positions looked up per call
-
-
-def remote_of(dataset):
-    """The remote cache a dataset reads (directly or through maps), or None.
-
-    Example:
-        >>> from portable_loader.dataset import source
-        >>> remote_of(source([{"input_ids": [1]}])) is None
-        True
-    """
-    node = dataset
-    while node is not None:
-        inner = getattr(node, "cache", None)
-        if inner is not None and callable(getattr(inner, "reserve", None)):
-            return inner
-        node = getattr(node, "parent", None)
-    return None
 
 
 def remotes_of(dataset) -> list[tuple[int, int, object]]:
@@ -61,20 +44,22 @@ def remotes_of(dataset) -> list[tuple[int, int, object]]:
 
     Example:
         >>> from portable_loader.dataset import mix, source
+        >>> remotes_of(source([{"input_ids": [1]}]))
+        []
         >>> remotes_of(mix({"a": [{"input_ids": [1]}], "b": [{"input_ids": [2]}]}, {"a": 1, "b": 1}))
         []
     """
-    remote = remote_of(dataset)
-    if remote is not None:
-        return [(0, len(dataset), remote)]
     node = dataset
-    while getattr(node, "children", None) is None and getattr(node, "parent", None) is not None:
-        node = node.parent  # a map or filter over a mixture keeps the mixture's indices
-    children, offsets = getattr(node, "children", None), getattr(node, "offsets", None)
-    if children is None or offsets is None:
-        return []
-    return [(int(off) + lo, int(off) + hi, r)
-            for child, off in zip(children, offsets) for lo, hi, r in remotes_of(child)]
+    while node is not None:  # maps and filters keep their parent's indices
+        inner = getattr(node, "cache", None)
+        if inner is not None and callable(getattr(inner, "reserve", None)):
+            return [(0, len(dataset), inner)]
+        children, offsets = getattr(node, "children", None), getattr(node, "offsets", None)
+        if children is not None and offsets is not None:  # a mixture: each child's slice
+            return [(int(off) + lo, int(off) + hi, r)
+                    for child, off in zip(children, offsets) for lo, hi, r in remotes_of(child)]
+        node = getattr(node, "parent", None)
+    return []
 
 
 class FetchAhead:
@@ -86,8 +71,9 @@ class FetchAhead:
     one ``FetchAhead`` per cache, each within that cache's own ``cache_limit``.
 
     Example:
+        >>> (lo, hi, remote), = remotes_of(loader.source)                         # doctest: +SKIP
         >>> engine = FetchAhead(InlineEngine(loader, loader.planner(), Cursor(0, 0, 0)), loader,
-        ...                     remote_of(loader.source), Cursor(0, 0, 0))   # doctest: +SKIP
+        ...                     remote, Cursor(0, 0, 0), part=(lo, hi))          # doctest: +SKIP
         >>> batch, cursor = engine.next(); engine.close()                   # doctest: +SKIP
     """
 
