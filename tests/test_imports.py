@@ -59,3 +59,21 @@ def test_each_module_imports_first_in_a_fresh_interpreter():
 def test_core_does_not_import_torch_jax_or_ray(module):
     code = f"import json, sys, {module}\nprint(json.dumps(sorted(m for m in {HEAVY!r} if m in sys.modules)))"
     assert _fresh_import(code) == []
+
+
+def test_a_plain_checkout_on_pythonpath_imports_the_adapters(tmp_path):
+    # No install: site-packages' libraries stay reachable, but not the editable install's finder (a
+    # .pth hook), so the package comes from the checkout's folder alone.
+    import pathlib
+    import site
+
+    root = pathlib.Path(portable_loader.__file__).resolve().parent.parent
+    libs = [p for p in site.getsitepackages() if pathlib.Path(p).is_dir()]
+    code = (f"import sys; sys.path[1:1] = {[str(root)]!r}; sys.path += {libs!r}\n"
+            "import portable_loader.adapters.torch, portable_loader.adapters.jax, json\n"
+            "print(json.dumps([portable_loader.adapters.torch.__file__, "
+            "'__editable__' in ' '.join(map(str, sys.meta_path))]))")
+    out = subprocess.run([sys.executable, "-S", "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-3000:]
+    where, editable = json.loads(out.stdout.strip().splitlines()[-1])
+    assert where == str(root / "portable_loader" / "adapters" / "torch.py") and not editable

@@ -1,1 +1,0 @@
-"""Framework adapters, installed as ``portable_loader.adapters`` (torch and jax; see their issues)."""

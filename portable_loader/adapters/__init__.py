@@ -1,0 +1,1 @@
+"""Framework adapters: torch, JAX, the Hugging Face Trainer and Lightning (the only modules that import a framework)."""
