@@ -1,11 +1,17 @@
 """portable_loader: deterministic, resumable LLM data loading for JAX and PyTorch trainers.
 
 Example:
-    >>> import portable_loader as pl
-    >>> s = pl.LCGSampler(num_records=100, seed=0)
-    >>> path = pl.precache("train.jsonl", tokenizer="tok/", format="text", out="cache/")  # doctest: +SKIP
-    >>> src = pl.open_cache(path)                                                         # doctest: +SKIP
-    >>> ds = pl.source(src).map(my_fn)                                                   # doctest: +SKIP
+    >>> import numpy as np, portable_loader as pl
+    >>> from portable_loader.precache import sample_args   # the chat sample bundled with the package
+    >>> path = pl.precache(**sample_args(), out="cache")   # tokenized once; the next call is a cache hit
+    >>> src = pl.open_cache(path)
+    >>> ds = pl.source(src).map(lambda r: {**r, "loss_mask": np.ones_like(r["loss_mask"])}, keeps_lengths=True)
+    >>> loader = pl.DataLoader(ds, global_batch_size=8, seq_len=256, seed=0, packing=True)
+    >>> with iter(loader) as it:
+    ...     batch = next(it)
+    ...     state = it.get_state()   # resume later with iter(loader).set_state(state)
+    >>> len(src), batch["input_ids"].shape, state["step"]
+    (2000, (8, 256), 1)
 """
 
 from portable_loader.batch_size import BatchSchedule, rampup

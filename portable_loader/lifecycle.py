@@ -42,13 +42,19 @@ _lock = threading.Lock()
 class Closing:
     """``with`` support and a last-resort ``close()`` at garbage collection.
 
+    ``close()`` must be safe to call twice: ``with`` closes, then garbage collection calls it again.
+
     Example:
         >>> class Res(Closing):
+        ...     closed = False
         ...     def close(self):
-        ...         print("closed")
-        >>> with Res():
+        ...         if not self.closed:
+        ...             self.closed = True
+        ...             print("closed")
+        >>> with Res() as r:
         ...     pass
         closed
+        >>> del r   # collected: close() runs again and does nothing
     """
 
     def close(self) -> None:
@@ -71,7 +77,17 @@ def close_at_exit(obj) -> None:
     """Have ``obj.close()`` called at interpreter exit if ``obj`` is still alive then (weakly held).
 
     Example:
-        >>> close_at_exit(it)   # doctest: +SKIP
+        >>> import weakref
+        >>> class Res:
+        ...     def close(self):
+        ...         print("closed")
+        >>> r = Res()
+        >>> close_at_exit(r)
+        >>> close_all()           # what the exit hook runs: r is still alive, so it is closed
+        closed
+        >>> ref = weakref.ref(r); del r
+        >>> ref() is None         # the registration did not keep it alive
+        True
     """
     with _lock:
         _live[obj] = next(_order)
@@ -169,8 +185,12 @@ def sweep_stale(base: str, prefix: str) -> list[str]:
     """Remove ``base/prefix{pid}-*`` of this user whose process is gone (a ``kill -9`` runs no cleanup).
 
     Example:
-        >>> sweep_stale("/dev/shm", "portable_loader-tokenized-")   # doctest: +SKIP
-        ['/dev/shm/portable_loader-tokenized-4242-0123456789ab']
+        >>> os.makedirs("shm/portable_loader-tokenized-99999999-0123456789ab")   # no process has that pid
+        >>> os.makedirs(f"shm/portable_loader-tokenized-{os.getpid()}-0123456789ab")   # this process's: kept
+        >>> sweep_stale("shm", "portable_loader-tokenized-")
+        ['shm/portable_loader-tokenized-99999999-0123456789ab']
+        >>> os.listdir("shm") == [f"portable_loader-tokenized-{os.getpid()}-0123456789ab"]
+        True
     """
     removed = []
     try:

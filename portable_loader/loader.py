@@ -137,10 +137,14 @@ class DataLoader:
     ``attention_mask``, plus ``segment_ids`` and ``positions`` when packing (docs/performance.md).
 
     Example:
-        >>> loader = DataLoader(open_cache(path), global_batch_size=64, seq_len=2048, seed=0,
-        ...                     packing=True, num_workers=2)                      # doctest: +SKIP
-        >>> with iter(loader) as it:                                               # doctest: +SKIP
+        >>> import portable_loader as pl
+        >>> from portable_loader.precache import sample_args
+        >>> src = pl.open_cache(pl.precache(**sample_args(), out="cache"))
+        >>> loader = DataLoader(src, global_batch_size=8, seq_len=512, seed=0, packing=True, num_workers=2)
+        >>> with iter(loader) as it:
         ...     batch = next(it); state = it.get_state()
+        >>> sorted(batch), batch["input_ids"].shape, state["step"]
+        (['attention_mask', 'input_ids', 'loss_mask', 'positions', 'segment_ids'], (8, 512), 1)
     """
 
     def __init__(
@@ -237,7 +241,13 @@ class DataLoader:
         """The same loader for host ``shard_index`` of ``shard_count`` (same stream, other rows).
 
         Example:
-            >>> host1 = loader.with_shard(1, 4)   # doctest: +SKIP
+            >>> loader = DataLoader([{"input_ids": np.arange(n)} for n in range(1, 11)], global_batch_size=4, seq_len=8)
+            >>> host1 = loader.with_shard(1, 4)
+            >>> host1.local_batch_size, host1.fingerprint == loader.fingerprint   # one row a step, same stream
+            (1, True)
+            >>> with iter(loader) as it, iter(host1) as it1:   # host 1 gets row 1 of every global batch
+            ...     bool((next(it)["input_ids"][1] == next(it1)["input_ids"][0]).all())
+            True
         """
         options = dataclasses.replace(self.options, shard_index=shard_index, shard_count=shard_count)
         return DataLoader(self.source, **options.kwargs())
@@ -298,7 +308,10 @@ class DataLoader:
         """The state as a dict if this loader can resume from it; ``StateError`` naming the field if not.
 
         Example:
-            >>> loader.check_state(b"not json")   # doctest: +SKIP
+            >>> loader = DataLoader([{"input_ids": np.arange(3)}] * 4, global_batch_size=2, seq_len=4)
+            >>> loader.check_state(iter(loader).get_state())["step"]
+            0
+            >>> loader.check_state(b"not json")
             Traceback (most recent call last):
             portable_loader.errors.StateError: loader state: is not JSON (...): refused
         """
@@ -316,9 +329,14 @@ class DataLoader:
         from the nearest step already described (sequential calls cost one plan each).
 
         Example:
-            >>> loader = DataLoader(pl.mix({"a": a, "b": b}, {"a": 1, "b": 3}), global_batch_size=4, seq_len=8)  # doctest: +SKIP
-            >>> loader.describe(0)[0]                                                                       # doctest: +SKIP
-            [('b', 17, 0, 5)]
+            >>> import portable_loader as pl
+            >>> from collections import Counter
+            >>> a, b = [{"input_ids": np.arange(3)}] * 100, [{"input_ids": np.arange(10)}] * 300
+            >>> loader = DataLoader(pl.mix({"a": a, "b": b}, {"a": 1, "b": 3}), global_batch_size=4, seq_len=8)
+            >>> loader.describe(1)   # b's records are cut at seq_len
+            [[('a', 15, 0, 3)], [('a', 62, 0, 3)], [('b', 232, 0, 8)], [('b', 33, 0, 8)]]
+            >>> Counter(name for step in range(64) for row in loader.describe(step) for name, *_ in row)
+            Counter({'b': 192, 'a': 64})
         """
         if isinstance(step, bool) or not isinstance(step, (int, np.integer)) or step < 0:
             raise ValueError(f"step must be an integer >= 0, got {step!r}")
@@ -383,7 +401,10 @@ class LoaderIterator(Closing, Iterator[dict]):
     handed every batch across twice, and cost 2x in a loop with no step (docs/performance.md).
 
     Example:
-        >>> it = LoaderIterator(loader, thread=False)   # doctest: +SKIP
+        >>> loader = DataLoader([{"input_ids": np.arange(n)} for n in range(1, 11)], global_batch_size=2, seq_len=8)
+        >>> with LoaderIterator(loader, thread=False) as it:   # no prefetch thread, though loader.prefetch is 2
+        ...     next(it)["input_ids"].shape
+        (2, 8)
     """
 
     def __init__(self, loader: DataLoader, *, thread: bool = True):
@@ -405,8 +426,12 @@ class LoaderIterator(Closing, Iterator[dict]):
         would read every record twice), and how many records filters skipped (``filtered``).
 
         Example:
-            >>> it.stats["dropped"]   # doctest: +SKIP
-            0
+            >>> src = [{"input_ids": np.arange(n)} for n in (3, 12, 5, 9, 2, 4)]
+            >>> loader = DataLoader(src, global_batch_size=2, seq_len=8, overlong="drop", num_epochs=1)
+            >>> with iter(loader) as it:
+            ...     batches = list(it)
+            >>> it.stats["dropped"], it.stats["tokens"], it.stats["slots"]   # the 12- and 9-token records
+            (2, 14, 48)
         """
         return {
             "tokens": self._tokens,
@@ -466,8 +491,12 @@ class LoaderIterator(Closing, Iterator[dict]):
         few of them.
 
         Example:
-            >>> later = it.state_later(); _ = next(it)   # doctest: +SKIP
-            >>> it2.set_state(later())                     # doctest: +SKIP
+            >>> loader = DataLoader([{"input_ids": np.arange(n)} for n in range(1, 11)], global_batch_size=2, seq_len=8)
+            >>> it, it2 = iter(loader), iter(loader)
+            >>> later = it.state_later(); first = next(it)
+            >>> it2.set_state(later())   # the state from before `first`: it2 serves it again
+            >>> bool((next(it2)["input_ids"] == first["input_ids"]).all())
+            True
         """
         return functools.partial(make_state, self.loader, self._cursor)
 

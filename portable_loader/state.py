@@ -64,7 +64,15 @@ def make_state(loader, cursor: Cursor) -> dict[str, Any]:
     """The state of ``loader`` positioned at ``cursor`` (what ``get_state`` returns).
 
     Example:
-        >>> make_state(loader, Cursor(step=5, window=0, row=0))   # doctest: +SKIP
+        >>> import numpy as np, portable_loader as pl
+        >>> loader = pl.DataLoader([{"input_ids": np.arange(5)}] * 20, global_batch_size=2, seq_len=8)
+        >>> state = make_state(loader, Cursor(step=5, window=0, row=0))   # samples: filled in by the planner
+        >>> state["step"], state["samples"], state["version"] == STATE_VERSION
+        (5, 10, True)
+        >>> with iter(loader) as it:
+        ...     batches = [next(it) for _ in range(5)]
+        ...     it.get_state() == state
+        True
     """
     cursor = loader.planner().resolve(cursor) if cursor.samples is None else cursor
     sizes = loader.batch_schedule

@@ -17,9 +17,12 @@ Formats (field names are renameable with ``fields={"instruction": "question", ..
   ``"\\n\\nHuman: ...\\n\\nAssistant: ..."``), split into turns by :func:`split_transcript`.
 
 Example:
-    >>> tok = load_tokenizer("../shared/data/tokenizers/phi-3-mini")       # doctest: +SKIP
-    >>> fmt = Formatter("alpaca", tok, max_length=2048)                     # doctest: +SKIP
-    >>> ids, mask = fmt.encode([{"instruction": "Say hi", "output": "hi"}])[0]  # doctest: +SKIP
+    >>> from portable_loader.precache import sample_args
+    >>> tok = load_tokenizer(sample_args()["tokenizer"])   # the bundled tokenizer; yours: its folder
+    >>> fmt = Formatter("alpaca", tok, max_length=2048)
+    >>> ids, mask = fmt.encode([{"instruction": "Say hi", "output": "hi"}])[0]
+    >>> tok.decode(ids[mask == 1])                         # trained: the output and the EOS only
+    'hi<|endoftext|>'
 """
 
 from __future__ import annotations
@@ -115,8 +118,10 @@ def tokenizer_identity(path: str) -> dict:
     """sha256 of each tokenizer file in the folder (not model weights): the tokenizer's identity.
 
     Example:
-        >>> sorted(tokenizer_identity("../shared/data/tokenizers/gpt2"))  # doctest: +SKIP
-        ['tokenizer.json']
+        >>> from portable_loader.precache import sample_args
+        >>> files = tokenizer_identity(sample_args()["tokenizer"])
+        >>> sorted(files), len(files["tokenizer.json"])
+        (['tokenizer.json', 'tokenizer_config.json'], 64)
     """
     from portable_loader.io import file_digest
 
@@ -137,8 +142,9 @@ def load_tokenizer(path: str, chat_template: str | None = None, eos_token: str |
     exactly one special added token (GPT-2's ``<|endoftext|>``) uses it.
 
     Example:
-        >>> tok = load_tokenizer("../shared/data/tokenizers/gpt2")  # doctest: +SKIP
-        >>> tok.eos_token                                            # doctest: +SKIP
+        >>> from portable_loader.precache import sample_args
+        >>> tok = load_tokenizer(sample_args()["tokenizer"])
+        >>> tok.eos_token
         '<|endoftext|>'
     """
     os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
@@ -223,9 +229,10 @@ class Formatter:
     ``on_bad_row="skip"`` are dropped as ``"bad_row"``.
 
     Example:
-        >>> fmt = Formatter("text", load_tokenizer("../shared/data/tokenizers/gpt2"))  # doctest: +SKIP
-        >>> fmt.encode([{"text": "hello"}])                                           # doctest: +SKIP
-        [(array([31373, 50256], dtype=int32), array([1, 1], dtype=uint8))]
+        >>> from portable_loader.precache import sample_args
+        >>> fmt = Formatter("text", load_tokenizer(sample_args()["tokenizer"]), max_length=4)
+        >>> fmt.encode([{"text": "hi"}, {"text": "far too long for four tokens"}])
+        [(array([76, 77,  0], dtype=int32), array([1, 1, 1], dtype=uint8)), 'overlong']
     """
 
     def __init__(

@@ -4,7 +4,6 @@ DataLoader over datasets (same batches as over the bare object, refusal of anoth
 exact resume with workers)."""
 
 import copy
-import doctest
 import functools
 
 import numpy as np
@@ -13,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import portable_loader as pl
-from portable_loader.dataset import Dataset, base, transforms
+from portable_loader.dataset import Dataset, base
 from portable_loader.precache import build_cache, sample_args
 from test_loader import make_source, same, take
 
@@ -367,13 +366,3 @@ def test_resume_over_a_mapped_cache_is_exact(caches, workers, packing):
         it.set_state(state)
         assert same(take(it, 5), whole[4:])
 
-
-# --- docstring examples -----------------------------------------------------------------------
-
-
-def test_docstring_examples_run():
-    import portable_loader.dataset as package
-
-    for module in (package, base, source_module, transforms):
-        result = doctest.testmod(module, optionflags=doctest.ELLIPSIS)
-        assert result.failed == 0 and result.attempted > 0, module.__name__

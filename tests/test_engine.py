@@ -135,13 +135,3 @@ def test_close_stops_the_thread_and_drops_results():
     p.close()
     assert not p._thread.is_alive()
     assert not p._ready
-
-
-@pytest.mark.parametrize("name", ["portable_loader.engine.threads", "portable_loader.engine.inline",
-                                  "portable_loader.engine.fetch_ahead", "portable_loader.collate"])
-def test_docstring_examples_run(name):
-    import doctest
-    import importlib
-
-    result = doctest.testmod(importlib.import_module(name))
-    assert result.failed == 0 and result.attempted > 0

@@ -302,16 +302,6 @@ def test_bad_input_is_refused_clearly(sources, weights, kw, message):
         pl.mix(sources, weights, **kw)
 
 
-def test_docstring_examples_run():
-    import doctest
-
-    from portable_loader.dataset import mixture as mix_module, order as order_module
-
-    for module in (mix_module, order_module):
-        result = doctest.testmod(module, optionflags=doctest.ELLIPSIS)
-        assert result.failed == 0 and result.attempted > 0, module.__name__
-
-
 def test_describe_refuses_bad_steps():
     loader = pl.DataLoader(mixture(), global_batch_size=8, seq_len=16, num_epochs=1)
     with pytest.raises(ValueError, match="step must be"):

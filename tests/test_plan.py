@@ -1,8 +1,6 @@
 """precache's task plan (row ranges per worker and shard) and the new modules' docstring examples."""
 
-import doctest
 import json
-import importlib
 
 import pytest
 from hypothesis import given, settings
@@ -80,12 +78,3 @@ def test_rows_per_task_must_be_a_positive_integer(tmp_path):
     for bad in (0, -1, 1.5, True, None):
         with pytest.raises(ValueError, match="rows_per_task must be an integer >= 1"):
             plan_tasks(open_inputs(str(tmp_path / "a.jsonl")), bad)
-
-
-@pytest.mark.parametrize("name", [
-    "portable_loader.digests", "portable_loader.precache.plan", "portable_loader.cache",
-    "portable_loader.cache.manifest", "portable_loader.cache.writer", "portable_loader.cache.publish",
-])
-def test_docstring_examples_run(name):
-    result = doctest.testmod(importlib.import_module(name))
-    assert result.failed == 0 and result.attempted > 0

@@ -13,11 +13,26 @@ gradient accumulation and with the async collator preparing the next batch. ``tr
 ``torch`` are imported when ``PortableTrainer`` is first used, so ``hf_fields`` needs neither.
 
 Example:
+    >>> import transformers
+    >>> import portable_loader as pl
     >>> from portable_loader.adapters.hf import PortableTrainer
-    >>> tl = TorchLoader(DataLoader(src, global_batch_size=8, seq_len=512), hf_labels=True)   # doctest: +SKIP
-    >>> trainer = PortableTrainer(model=model, args=TrainingArguments("out", max_steps=1000,
-    ...                           save_steps=100), train_loader=tl)                         # doctest: +SKIP
-    >>> trainer.train(resume_from_checkpoint=True)                                        # doctest: +SKIP
+    >>> from portable_loader.adapters.torch import TorchLoader
+    >>> from portable_loader.precache import sample_args
+    >>> src = pl.open_cache(pl.precache(**sample_args(), out="cache"))
+    >>> tl = TorchLoader(pl.DataLoader(src, global_batch_size=4, seq_len=64), hf_labels=True)
+    >>> model = transformers.LlamaForCausalLM(transformers.LlamaConfig(   # a tiny model, for the example
+    ...     vocab_size=1024, hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2))
+    >>> args = transformers.TrainingArguments("out", max_steps=2, save_steps=1, use_cpu=True, report_to=[],
+    ...                                       disable_tqdm=True)
+    >>> trainer = PortableTrainer(model=model, args=args, train_loader=tl)
+    >>> trainer.remove_callback(transformers.PrinterCallback)   # quiet: this example prints no losses
+    >>> trainer.train().global_step
+    2
+    >>> sorted(f for f in os.listdir("out/checkpoint-1") if f.startswith("portable_loader"))
+    ['portable_loader-rank0.json']
+    >>> trainer.train(resume_from_checkpoint="out/checkpoint-1").global_step   # the loader resumes in O(1)
+    2
+    >>> tl.close()
 """
 
 from __future__ import annotations

@@ -15,10 +15,31 @@ the run at fit start with an error that names the line to add.
 
 Example:
     >>> import lightning as L
+    >>> import portable_loader as pl
     >>> from portable_loader.adapters.lightning import ExactResume
-    >>> trainer = L.Trainer(max_steps=1000, callbacks=[ExactResume(),
-    ...     L.pytorch.callbacks.ModelCheckpoint(every_n_train_steps=100, save_top_k=-1, save_last=True)])  # doctest: +SKIP
-    >>> trainer.fit(model, train_dataloaders=TorchLoader(loader), ckpt_path="last")         # doctest: +SKIP
+    >>> from portable_loader.precache import sample_args
+    >>> class TinyLM(L.LightningModule):   # a bigram model; yours: any LightningModule
+    ...     def __init__(self):
+    ...         super().__init__()
+    ...         self.bigram = torch.nn.Embedding(1024, 1024)
+    ...     def training_step(self, batch, batch_idx):
+    ...         ids = batch["input_ids"].long()
+    ...         return torch.nn.functional.cross_entropy(self.bigram(ids[:, :-1]).flatten(0, 1), ids[:, 1:].flatten())
+    ...     def configure_optimizers(self):
+    ...         return torch.optim.SGD(self.parameters(), lr=0.1)
+    >>> loader = pl.DataLoader(pl.open_cache(pl.precache(**sample_args(), out="cache")), global_batch_size=4, seq_len=64)
+    >>> def trainer(max_steps):
+    ...     return L.Trainer(max_steps=max_steps, accelerator="cpu", logger=False, enable_progress_bar=False,
+    ...                      enable_model_summary=False,
+    ...                      callbacks=[ExactResume(), L.pytorch.callbacks.ModelCheckpoint(
+    ...                          "ckpts", every_n_train_steps=1, save_top_k=-1, save_last=True)])
+    >>> with TorchLoader(loader) as tl:
+    ...     trainer(2).fit(TinyLM(), train_dataloaders=tl, ckpt_path="last")   # no checkpoint yet: from the start
+    >>> resumed = trainer(3)
+    >>> with TorchLoader(loader) as tl:
+    ...     resumed.fit(TinyLM(), train_dataloaders=tl, ckpt_path="last")      # at the loader's batch 3, in O(1)
+    >>> resumed.global_step
+    3
 """
 
 from __future__ import annotations
@@ -118,8 +139,31 @@ class ExactResume(Callback):
     the process group exists, so that each rank takes its own slice of the global batch.
 
     Example:
-        >>> trainer = lightning.Trainer(max_steps=100, callbacks=[ExactResume()])  # doctest: +SKIP
-        >>> trainer.fit(model, train_dataloaders=TorchLoader(loader))             # doctest: +SKIP
+        >>> import json
+        >>> import lightning as L
+        >>> import portable_loader as pl
+        >>> from portable_loader.precache import sample_args
+        >>> class TinyLM(L.LightningModule):   # a bigram model; yours: any LightningModule
+        ...     def __init__(self):
+        ...         super().__init__()
+        ...         self.bigram = torch.nn.Embedding(1024, 1024)
+        ...     def training_step(self, batch, batch_idx):
+        ...         ids = batch["input_ids"].long()
+        ...         return torch.nn.functional.cross_entropy(self.bigram(ids[:, :-1]).flatten(0, 1), ids[:, 1:].flatten())
+        ...     def configure_optimizers(self):
+        ...         return torch.optim.SGD(self.parameters(), lr=0.1)
+        >>> loader = pl.DataLoader(pl.open_cache(pl.precache(**sample_args(), out="cache")), global_batch_size=4, seq_len=64)
+        >>> options = dict(max_steps=2, accelerator="cpu", logger=False, enable_checkpointing=False,
+        ...                enable_progress_bar=False, enable_model_summary=False)
+        >>> with TorchLoader(loader) as tl:
+        ...     L.Trainer(**options, callbacks=[ExactResume()]).fit(TinyLM(), train_dataloaders=tl)
+        ...     json.loads(tl.state_dict()["portable_loader"])["step"]   # after batch 2, trained on last
+        2
+        >>> with TorchLoader(loader) as tl:   # without the callback: refused at fit start
+        ...     L.Trainer(**options).fit(TinyLM(), train_dataloaders=tl)
+        Traceback (most recent call last):
+        ...
+        RuntimeError: a Lightning Trainer is fitting on a TorchLoader without portable_loader's ExactResume callback. ...
     """
 
     def __init__(self) -> None:

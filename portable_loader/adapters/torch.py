@@ -11,12 +11,20 @@ It is a ``torch.distributed.checkpoint`` ``Stateful``; with ``torch.distributed`
 shard index and count come from the process group unless the ``DataLoader`` was given them.
 
 Example:
+    >>> import portable_loader as pl
     >>> from portable_loader.adapters.torch import TorchLoader
-    >>> tl = TorchLoader(loader, device="cuda")                      # doctest: +SKIP
-    >>> for batch in tl:                                              # doctest: +SKIP
-    ...     loss = model(**batch).loss
-    >>> torch.save({"data": tl.state_dict()}, "ckpt.pt")              # doctest: +SKIP
-    >>> tl.load_state_dict(torch.load("ckpt.pt")["data"])             # doctest: +SKIP
+    >>> from portable_loader.precache import sample_args
+    >>> loader = pl.DataLoader(pl.open_cache(pl.precache(**sample_args(), out="cache")), global_batch_size=8, seq_len=128)
+    >>> with TorchLoader(loader, device="cpu") as tl:
+    ...     for step, batch in zip(range(3), tl):
+    ...         pass                                                  # loss = model(**batch).loss; ...
+    ...     torch.save({"data": tl.state_dict()}, "ckpt.pt")
+    ...     following = next(tl)
+    >>> with TorchLoader(loader, device="cpu") as resumed:              # e.g. after a restart
+    ...     resumed.load_state_dict(torch.load("ckpt.pt")["data"])
+    ...     torch.equal(next(resumed)["input_ids"], following["input_ids"])
+    True
+    >>> tl = TorchLoader(loader, device="cuda")   # needs a GPU  # doctest: +SKIP
 """
 
 from __future__ import annotations
@@ -58,8 +66,15 @@ class TorchLoader(Closing):
             for Hugging Face models instead of the loader's fields.
 
     Example:
-        >>> tl = TorchLoader(DataLoader(src, global_batch_size=8, seq_len=128), device="cpu")  # doctest: +SKIP
-        >>> batch = next(iter(tl)); state = tl.state_dict()                                  # doctest: +SKIP
+        >>> import portable_loader as pl
+        >>> from portable_loader.precache import sample_args
+        >>> src = pl.open_cache(pl.precache(**sample_args(), out="cache"))
+        >>> with TorchLoader(DataLoader(src, global_batch_size=8, seq_len=128), device="cpu", hf_labels=True) as tl:
+        ...     batch = next(iter(tl)); state = tl.state_dict()
+        >>> sorted(batch), batch["labels"].shape, batch["labels"].dtype
+        (['attention_mask', 'input_ids', 'labels', 'position_ids'], torch.Size([8, 128]), torch.int64)
+        >>> list(state)
+        ['portable_loader']
     """
 
     def __init__(

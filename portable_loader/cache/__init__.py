@@ -14,10 +14,15 @@ One concept per module:
   (``pid_alive``, also exported here, lives in :mod:`portable_loader.lifecycle`)
 
 Example:
-    >>> from portable_loader.cache import open_cache
-    >>> src = open_cache("cache/alpaca-0123abcd")       # doctest: +SKIP
-    >>> len(src), src[0]["input_ids"].dtype             # doctest: +SKIP
-    (999, dtype('int32'))
+    >>> import os, portable_loader as pl
+    >>> from portable_loader.cache import open_cache, read_manifest
+    >>> from portable_loader.precache import sample_args
+    >>> path = pl.precache(**sample_args(), out="cache")
+    >>> sorted(os.listdir(path))
+    ['data-00000-of-00002.arrow', 'data-00001-of-00002.arrow', 'dataset_info.json', 'manifest.json', 'state.json']
+    >>> src = open_cache(path)
+    >>> len(src), src[0]["input_ids"].dtype, read_manifest(path)["counts"]["rows_out"]
+    (2000, dtype('int32'), 2000)
 """
 
 from portable_loader.cache.manifest import FORMAT_VERSION, read_manifest, write_manifest

@@ -16,8 +16,17 @@ per-record Python) and returns each record's payload position. Anything it does 
 :class:`CacheError` naming the file.
 
 Example:
-    >>> ix = index_shard("cache/data-00000-of-00001.array_record", rows=999)  # doctest: +SKIP
-    >>> bytes(ix.view[ix.pos[0]:ix.pos[0] + ix.size[0]]) == reader.read(0, 1)[0]  # doctest: +SKIP
+    >>> from portable_loader.cache.writer import ShardWriter
+    >>> w = ShardWriter("data-00000-of-00001.array_record", "array_record")   # as precache writes shards
+    >>> for n in (3, 5):
+    ...     w.write(np.arange(n, dtype=np.int32), np.ones(n, np.uint8))
+    >>> _ = w.close()
+    >>> ix = index_shard("data-00000-of-00001.array_record", rows=2)
+    >>> ix.size.tolist()    # bytes: a record is its int32 ids, then its uint8 mask
+    [15, 25]
+    >>> from array_record.python.array_record_module import ArrayRecordReader
+    >>> reader = ArrayRecordReader("data-00000-of-00001.array_record")
+    >>> bytes(ix.view[ix.pos[0]:ix.pos[0] + ix.size[0]]) == reader.read(0, 1)[0]
     True
 """
 
@@ -66,8 +75,16 @@ def read_record(view: memoryview, pos: int, size: int) -> bytes:
     """``size`` bytes of chunk data from file position ``pos``, skipping the block headers met.
 
     Example:
-        >>> read_record(ix.view, ix.pos[7], ix.size[7]) == reader.read(7, 8)[0]  # doctest: +SKIP
+        >>> from portable_loader.cache.writer import ShardWriter
+        >>> w = ShardWriter("long.array_record", "array_record")
+        >>> w.write(np.arange(20000, dtype=np.int32), np.ones(20000, np.uint8))   # 100,000 bytes
+        >>> _ = w.close()
+        >>> ix = index_shard("long.array_record", rows=1)
+        >>> bool(ix.cross[0])    # a block header interrupts the record: no zero-copy view of it
         True
+        >>> raw = read_record(ix.view, ix.pos[0], ix.size[0])
+        >>> len(raw), np.frombuffer(raw, np.int32, count=20000)[-2:].tolist()
+        (100000, [19998, 19999])
     """
     parts, u = [], _usable(pos)
     while size:
@@ -160,8 +177,16 @@ def index_shard(path: str, rows: int) -> ShardIndex:
     checked (a simple chunk of one record, uncompressed, of the size the footer gives).
 
     Example:
-        >>> index_shard(shard_path, rows=999).size[:3].tolist()   # doctest: +SKIP
+        >>> from portable_loader.cache.writer import ShardWriter
+        >>> w = ShardWriter("shard.array_record", "array_record")
+        >>> for n in (212, 87, 2048):
+        ...     w.write(np.zeros(n, np.int32), np.zeros(n, np.uint8))
+        >>> _ = w.close()
+        >>> index_shard("shard.array_record", rows=3).size.tolist()   # 5 bytes a token
         [1060, 435, 10240]
+        >>> index_shard("shard.array_record", rows=4)
+        Traceback (most recent call last):
+        portable_loader.errors.CacheError: shard.array_record: not an uncompressed one-record-per-chunk ArrayRecord shard of 4 records: its footer lists 3 chunks of 3 records
     """
     with open(path, "rb") as f:
         mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)

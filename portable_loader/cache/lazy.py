@@ -10,11 +10,16 @@ the other processes to do the same (they do at their next read). ``reserve``/``r
 thread (:mod:`portable_loader.engine.fetch_ahead`) uses to fetch the next steps' shards and keep them.
 
 Example:
-    >>> src = open_cache("s3://b/caches/chat-0123", cache_dir="/scratch/pl", cache_limit="3GB")  # doctest: +SKIP
-    >>> src[0]["input_ids"][:4]            # fetches the shard holding record 0   # doctest: +SKIP
-    array([  1, 882, 198,  40], dtype=int32)
-    >>> src.remote["bytes_downloaded"]      # doctest: +SKIP
-    1048912
+    >>> import portable_loader as pl
+    >>> from portable_loader.precache import sample_args
+    >>> from portable_loader.cache.remote import upload_cache
+    >>> path = pl.precache(**sample_args(), out="cache")
+    >>> upload_cache(path, "memory://bucket/caches/chat")   # memory:// stands in for s3://, gs://, ...
+    >>> src = pl.open_cache("memory://bucket/caches/chat", cache_dir="remote", cache_limit="3GB")
+    >>> src[0]["input_ids"][:4]            # fetches the shard holding record 0
+    array([  2, 203, 297, 295], dtype=int32)
+    >>> src.remote["fetches"], src.remote["bytes_downloaded"] == src.shard_bytes(0)
+    (1, True)
 """
 
 from __future__ import annotations
@@ -43,9 +48,13 @@ class RemoteCacheSource(_CacheSource):
     ``remote`` reports ``{"url", "local", "bytes_downloaded", "fetches"}`` (this process's downloads).
 
     Example:
-        >>> src = open_cache(url, cache_dir=tmp, cache_limit=3 * shard_bytes)   # doctest: +SKIP
-        >>> src.shard_of([0, len(src) - 1]).tolist()                            # doctest: +SKIP
-        [0, 11]
+        >>> import portable_loader as pl
+        >>> from portable_loader.precache import sample_args
+        >>> from portable_loader.cache.remote import upload_cache
+        >>> upload_cache(pl.precache(**sample_args(), out="cache"), "memory://bucket/caches/chat")
+        >>> src = pl.open_cache("memory://bucket/caches/chat", cache_dir="remote", cache_limit="3GB")
+        >>> src.shard_of([0, len(src) - 1]).tolist()
+        [0, 1]
     """
 
     # Lengths need the shard's offsets, i.e. the shard itself: a padded loader should not fetch a
@@ -199,8 +208,13 @@ class RemoteCacheSource(_CacheSource):
         replaced whole (``os.remove``, ``os.replace``), never written in place.
 
         Example:
-            >>> sp = src.spans([0, len(src) - 1])     # two shards, one Spans   # doctest: +SKIP
-            >>> sp.length == [len(src[0]["input_ids"]), len(src[-1]["input_ids"])]   # doctest: +SKIP
+            >>> import portable_loader as pl
+            >>> from portable_loader.precache import sample_args
+            >>> from portable_loader.cache.remote import upload_cache
+            >>> upload_cache(pl.precache(**sample_args(), out="cache"), "memory://bucket/caches/chat")
+            >>> src = pl.open_cache("memory://bucket/caches/chat", cache_dir="remote", cache_limit="3GB")
+            >>> sp = src.spans([0, len(src) - 1])     # two shards, one Spans
+            >>> sp.length == [len(src[0]["input_ids"]), len(src[-1]["input_ids"])]
             True
         """
         if self._arrow and isinstance(indices, (list, tuple, np.ndarray)) and len(indices) <= _FEW:
@@ -230,8 +244,14 @@ class RemoteCacheSource(_CacheSource):
         top of what the fetch-ahead thread holds.
 
         Example:
-            >>> src.read_ahead(np.array([0]), np.arange(len(src))).size <= len(src)   # doctest: +SKIP
-            True
+            >>> import portable_loader as pl
+            >>> from portable_loader.precache import sample_args
+            >>> from portable_loader.cache.remote import upload_cache
+            >>> upload_cache(pl.precache(**sample_args(), out="cache"), "memory://bucket/caches/chat")
+            >>> src = pl.open_cache("memory://bucket/caches/chat", cache_dir="remote-400k", cache_limit="400KB")
+            >>> ahead = src.read_ahead(np.array([0]), np.arange(len(src)))
+            >>> np.unique(src.shard_of(ahead)).tolist()   # 400 KB less one ~190 KB shard: room for record 0's only
+            [0]
         """
         if self.store.limit is None or not ahead.size:
             return ahead

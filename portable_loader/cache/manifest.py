@@ -5,10 +5,15 @@ tokenizer files, options), counts, and each shard's size and sha256. Arrow cache
 ``state.json`` and ``dataset_info.json`` that make them loadable by ``datasets.load_from_disk``.
 
 Example:
-    >>> manifest = read_manifest("cache/chat-3d0e5cd442b8a16f68f7")   # doctest: +SKIP
-    >>> check_shards("cache/chat-3d0e5cd442b8a16f68f7", manifest, verify=True)  # doctest: +SKIP
-    >>> manifest["counts"]["rows_out"]                                # doctest: +SKIP
-    2000
+    >>> import portable_loader as pl
+    >>> from portable_loader.precache import sample_args
+    >>> path = pl.precache(**sample_args(), out="cache")
+    >>> manifest = read_manifest(path)
+    >>> check_shards(path, manifest, verify=True)   # every shard present, at its size and sha256
+    >>> manifest["counts"]["rows_out"], [(s["file"], s["rows"]) for s in manifest["shards"]]
+    (2000, [('data-00000-of-00002.arrow', 1000), ('data-00001-of-00002.arrow', 1000)])
+    >>> path.endswith(manifest["key"][:20]), manifest["format_version"] == FORMAT_VERSION
+    (True, True)
 """
 
 from __future__ import annotations

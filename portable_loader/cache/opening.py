@@ -41,10 +41,16 @@ def open_cache(path: str, verify: bool = False, *, cache_dir: str | None = None,
     The source's ``remote`` attribute says ``{"url", "local", "bytes_downloaded", "fetches"}``.
 
     Example:
-        >>> src = open_cache(pl.precache("train.jsonl", tokenizer="tok/", format="text", out="cache/"))  # doctest: +SKIP
-        >>> src[0]["loss_mask"].dtype                                                                  # doctest: +SKIP
+        >>> import portable_loader as pl
+        >>> from portable_loader.precache import sample_args
+        >>> src = open_cache(pl.precache(**sample_args(), out="cache"))
+        >>> src[0]["loss_mask"].dtype
         dtype('uint8')
-        >>> src = open_cache("s3://bucket/caches/text-0123", cache_dir="/scratch/pl", cache_limit="10GB")  # doctest: +SKIP
+        >>> from portable_loader.cache.remote import upload_cache
+        >>> upload_cache(src.path, "memory://bucket/caches/chat")   # memory:// stands in for s3://, gs://, ...
+        >>> remote = open_cache("memory://bucket/caches/chat", cache_dir="remote", cache_limit="10GB")
+        >>> remote[0]["input_ids"].tolist() == src[0]["input_ids"].tolist(), remote.remote["fetches"]
+        (True, 1)
     """
     if is_url(path):
         return RemoteCacheSource(open_store(path, cache_dir, cache_limit, storage_options))

@@ -5,10 +5,14 @@ Readers see either no cache or a complete one, also after ``kill -9``. Temp (``.
 removes those whose process is gone.
 
 Example:
-    >>> tmp = temp_dir("cache", "chat-3d0e5cd442b8a16f68f7")             # doctest: +SKIP
-    >>> # ... write the shards and the manifest into tmp ...
-    >>> publish(tmp, "cache/chat-3d0e5cd442b8a16f68f7")                  # doctest: +SKIP
-    True
+    >>> os.makedirs("out")
+    >>> tmp = temp_dir("out", "chat-0123")
+    >>> with open(os.path.join(tmp, "manifest.json"), "w") as f:   # ... the shards and the manifest ...
+    ...     _ = f.write("{}")
+    >>> publish(tmp, "out/chat-0123"), os.listdir("out")
+    (True, ['chat-0123'])
+    >>> publish(temp_dir("out", "chat-0123"), "out/chat-0123"), os.listdir("out")   # another run was first
+    (False, ['chat-0123'])
 """
 
 from __future__ import annotations

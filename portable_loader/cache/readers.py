@@ -6,9 +6,11 @@ Opening is O(shards), never O(rows). Sources follow Grain's ``RandomAccessDataSo
 records' tokens lie (:class:`Spans`), so that collation copies them with no per-record objects.
 
 Example:
-    >>> src = pl.open_cache("cache/alpaca-0123abcd")    # doctest: +SKIP
-    >>> len(src), src[0]["input_ids"].dtype             # doctest: +SKIP
-    (999, dtype('int32'))
+    >>> import portable_loader as pl
+    >>> from portable_loader.precache import sample_args
+    >>> src = pl.open_cache(pl.precache(**sample_args(), out="cache"))
+    >>> src, len(src), src[0]["input_ids"].dtype
+    (ArrowCacheSource('cache/chat-...', records=2000), 2000, dtype('int32'))
 """
 
 from __future__ import annotations
@@ -39,10 +41,13 @@ class Spans(NamedTuple):
     0.2 µs, between numpy arrays 0.9 µs, and a batch makes three per record.)
 
     Example:
-        >>> sp = src.spans([4, 9]); sp.length                    # doctest: +SKIP
-        [212, 87]
-        >>> ids = np.frombuffer(sp.ids[sp.buf[0]][sp.ids_at[0]:][: 4 * sp.length[0]], np.int32)  # doctest: +SKIP
-        >>> bool((ids == src[4]["input_ids"]).all())             # doctest: +SKIP
+        >>> import portable_loader as pl
+        >>> from portable_loader.precache import sample_args
+        >>> src = pl.open_cache(pl.precache(**sample_args(), out="cache"))
+        >>> sp = src.spans([4, 9]); sp.length
+        [34, 17]
+        >>> ids = np.frombuffer(sp.ids[sp.buf[0]][sp.ids_at[0]:][: 4 * sp.length[0]], np.int32)
+        >>> bool((ids == src[4]["input_ids"]).all())
         True
     """
 
@@ -96,8 +101,11 @@ class _CacheSource:
         """One record for an integer; a list of records, in order, for a list, 1-D integer array or slice.
 
         Example:
-            >>> src[3]["input_ids"].size, len(src[[5, 6, 7]]), len(src[:10:2])  # doctest: +SKIP
-            (212, 3, 5)
+            >>> import portable_loader as pl
+            >>> from portable_loader.precache import sample_args
+            >>> src = pl.open_cache(pl.precache(**sample_args(), out="cache"))
+            >>> src[3]["input_ids"].size, len(src[[5, 6, 7]]), len(src[:10:2])
+            (33, 3, 5)
         """
         try:
             idx = parse_index(key, self._len)
@@ -114,8 +122,14 @@ class _CacheSource:
         Arrow shards are memory-mapped, so there is nothing to read ahead; indices are still checked.
 
         Example:
-            >>> src.prefetch([7, 3, 9]); len(src[[7, 3]])   # doctest: +SKIP
+            >>> import portable_loader as pl
+            >>> from portable_loader.precache import sample_args
+            >>> src = pl.open_cache(pl.precache(**sample_args(), out="cache"))
+            >>> src.prefetch([7, 3, 9]); len(src[[7, 3]])
             2
+            >>> src.prefetch([2000])
+            Traceback (most recent call last):
+            IndexError: record index 2000 out of range for a dataset of 2000 records (cache/chat-...)
         """
         self._indices(indices)
 
@@ -137,9 +151,13 @@ class ArrowCacheSource(_CacheSource):
     """Memory-mapped Arrow shards; records are zero-copy, read-only numpy views.
 
     Example:
-        >>> src = open_cache(path)                       # doctest: +SKIP
-        >>> [r["input_ids"].size for r in src.__getitems__([0, 5])]  # doctest: +SKIP
-        [212, 87]
+        >>> import portable_loader as pl
+        >>> from portable_loader.precache import sample_args
+        >>> src = pl.open_cache(pl.precache(**sample_args(), out="cache"))
+        >>> [r["input_ids"].size for r in src.__getitems__([0, 5])]
+        [23, 34]
+        >>> src[0]["input_ids"].flags.writeable    # a view of the memory-mapped shard
+        False
     """
 
     def __init__(self, path: str, manifest: dict):
@@ -201,8 +219,11 @@ class ArrowCacheSource(_CacheSource):
         """Record ``i`` (a Python int in ``[0, len)``, not checked): the cheapest single read.
 
         Example:
-            >>> src.record_at(3)["input_ids"].size   # doctest: +SKIP
-            212
+            >>> import portable_loader as pl
+            >>> from portable_loader.precache import sample_args
+            >>> src = pl.open_cache(pl.precache(**sample_args(), out="cache"))
+            >>> src.record_at(3)["input_ids"].size
+            33
         """
         starts = self._seg_list
         seg = bisect.bisect_right(starts, i) - 1
@@ -217,8 +238,11 @@ class ArrowCacheSource(_CacheSource):
         records of several readers (a remote cache's shards) a few at a time.
 
         Example:
-            >>> src.span_at(3)[4]                      # doctest: +SKIP
-            212
+            >>> import portable_loader as pl
+            >>> from portable_loader.precache import sample_args
+            >>> src = pl.open_cache(pl.precache(**sample_args(), out="cache"))
+            >>> src.span_at(3)[4]
+            33
         """
         starts = self._seg_list
         seg = bisect.bisect_right(starts, i) - 1
@@ -231,8 +255,11 @@ class ArrowCacheSource(_CacheSource):
         """Where the records' tokens lie in the memory-mapped shards (see :class:`Spans`); reads nothing.
 
         Example:
-            >>> src.spans([0, 5]).length                  # doctest: +SKIP
-            [212, 87]
+            >>> import portable_loader as pl
+            >>> from portable_loader.precache import sample_args
+            >>> src = pl.open_cache(pl.precache(**sample_args(), out="cache"))
+            >>> src.spans([0, 5]).length
+            [23, 34]
         """
         idx = self._indices(indices)
         if idx.size <= _FEW:
@@ -293,11 +320,18 @@ class ArrayRecordCacheSource(_CacheSource):
     the batch a planner has just sized, or the steps a loader announced, are served without a read.
 
     Example:
-        >>> src = open_cache(array_record_path)          # doctest: +SKIP
-        >>> src.lengths([4, 9]).tolist()       # reads records 4 and 9, and keeps them  # doctest: +SKIP
-        [212, 87]
-        >>> src[[4, 9]][0]["input_ids"].size             # served from the memo  # doctest: +SKIP
-        212
+        >>> import portable_loader as pl
+        >>> from portable_loader.precache import sample_args
+        >>> src = pl.open_cache(pl.precache(**sample_args(), out="cache", backend="array_record", split="train[:100]"))
+        >>> src, src.mapped
+        (ArrayRecordCacheSource('cache/chat-...', records=100), True)
+        >>> src.lengths([4, 9]).tolist()       # from the shard's index: no record is read
+        [34, 17]
+        >>> lib = ArrayRecordCacheSource(src.path, src.manifest, mapped=False)   # through the library
+        >>> lib.lengths([4, 9]).tolist()       # reads records 4 and 9, and keeps them
+        [34, 17]
+        >>> lib[[4, 9]][0]["input_ids"].size   # served from the memo
+        34
     """
 
     bulk_min = 64 if (os.cpu_count() or 1) >= 8 else sys.maxsize
@@ -472,8 +506,11 @@ class ArrayRecordCacheSource(_CacheSource):
         lengths (without the memo, every packed record was read twice).
 
         Example:
-            >>> src.spans([4, 9]).length                  # doctest: +SKIP
-            [212, 87]
+            >>> import portable_loader as pl
+            >>> from portable_loader.precache import sample_args
+            >>> src = pl.open_cache(pl.precache(**sample_args(), out="cache", backend="array_record", split="train[:100]"))
+            >>> src.spans([4, 9]).length
+            [34, 17]
         """
         idx = self._indices(indices)
         if self.mapped:

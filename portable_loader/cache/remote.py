@@ -10,8 +10,13 @@ Reading (:func:`open_store`) checks the manifest and hands the shards to a
 first read, verified, into ``cache_dir/<name>-<hash of the URL>/``, within ``cache_limit``.
 
 Example:
-    >>> upload_cache("/tmp/build/text-0123", "s3://bucket/caches/text-0123")     # doctest: +SKIP
-    >>> store = open_store("s3://bucket/caches/text-0123", "/scratch/pl", "10GB")  # doctest: +SKIP
+    >>> import portable_loader as pl
+    >>> from portable_loader.precache import sample_args
+    >>> path = pl.precache(**sample_args(), out="cache")     # built locally
+    >>> upload_cache(path, "memory://bucket/caches/chat")    # memory:// stands in for s3://, gs://, ...
+    >>> store = open_store("memory://bucket/caches/chat", "remote", "10GB")
+    >>> store.limit, len(store.shards), os.listdir(store.local)    # no shard fetched yet
+    (10000000000, 2, ['manifest.json'])
 """
 
 from __future__ import annotations
@@ -67,7 +72,12 @@ def unpublish(url: str, storage_options: dict | None = None) -> None:
     """Remove the manifest at ``url`` (if any): the cache there can no longer be opened.
 
     Example:
-        >>> unpublish("s3://bucket/caches/text-0123")     # doctest: +SKIP
+        >>> import portable_loader as pl
+        >>> from portable_loader.precache import sample_args
+        >>> upload_cache(pl.precache(**sample_args(), out="cache"), "memory://bucket/caches/old")
+        >>> unpublish("memory://bucket/caches/old")
+        >>> remote_manifest("memory://bucket/caches/old") is None   # the shards are there, but no cache
+        True
     """
     fs, path = filesystem(url, storage_options)
     if fs.exists(join(path, MANIFEST)):
@@ -82,7 +92,17 @@ def discard_unpublished(url: str, storage_options: dict | None = None) -> None:
     the build's own error.
 
     Example:
-        >>> discard_unpublished("s3://bucket/caches/text-0123")     # doctest: +SKIP
+        >>> import portable_loader as pl
+        >>> from portable_loader.precache import sample_args
+        >>> from portable_loader.io.remote import filesystem
+        >>> upload_cache(pl.precache(**sample_args(), out="cache"), "memory://bucket/caches/half")
+        >>> unpublish("memory://bucket/caches/half")          # as a failed build leaves it: shards, no manifest
+        >>> fs, prefix = filesystem("memory://bucket/caches/half")
+        >>> len(fs.find(prefix))
+        4
+        >>> discard_unpublished("memory://bucket/caches/half")
+        >>> fs.find(prefix)
+        []
     """
     try:
         fs, path = filesystem(url, storage_options)
@@ -129,8 +149,11 @@ def open_store(url: str, cache_dir: str | None = None, cache_limit=None, storage
     Nothing but the manifest is downloaded here: shards are fetched when first read.
 
     Example:
-        >>> open_store("s3://bucket/caches/text-0123", "/scratch/pl", "10GB").local   # doctest: +SKIP
-        '/scratch/pl/text-0123-5f1c2a9e0b7d'
+        >>> import portable_loader as pl
+        >>> from portable_loader.precache import sample_args
+        >>> upload_cache(pl.precache(**sample_args(), out="cache"), "memory://bucket/caches/chat")
+        >>> open_store("memory://bucket/caches/chat", "remote", "10GB").local
+        'remote/chat-0a81438fdcd4'
     """
     limit = parse_bytes(cache_limit)
     manifest = remote_manifest(url, storage_options)

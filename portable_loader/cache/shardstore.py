@@ -18,9 +18,19 @@ on the machine may all fetch and evict:
   until then the limit is exceeded by the shards in use.
 
 Example:
-    >>> store = ShardStore("s3://b/caches/chat-0123", manifest, "/scratch/pl", limit=3 << 30)  # doctest: +SKIP
-    >>> fd = store.pin(0)            # fetched if absent; not evictable until unpinned   # doctest: +SKIP
-    >>> store.unpin(fd)              # doctest: +SKIP
+    >>> import portable_loader as pl
+    >>> from portable_loader.precache import sample_args
+    >>> from portable_loader.cache.manifest import read_manifest
+    >>> from portable_loader.cache.remote import upload_cache
+    >>> path = pl.precache(**sample_args(), out="cache")
+    >>> upload_cache(path, "memory://bucket/caches/chat")    # memory:// stands in for s3://, gs://, ...
+    >>> store = ShardStore("memory://bucket/caches/chat", read_manifest(path), "shards", limit=250_000)
+    >>> store.prepare()
+    >>> fd = store.pin(0)            # fetched if absent; not evictable until unpinned
+    >>> store.unpin(fd)
+    >>> store.unpin(store.pin(1))    # room for one ~190 KB shard: shard 0, no longer in use, is evicted
+    >>> os.path.exists(store.path(0)), os.path.exists(store.path(1))
+    (False, True)
 """
 
 from __future__ import annotations
@@ -66,9 +76,13 @@ class ShardStore:
     """The verified local shards of the remote cache ``url`` (see the module docstring).
 
     Example:
-        >>> store = open_store("s3://b/caches/chat-0123", "/scratch/pl", "3GB")   # doctest: +SKIP
-        >>> store.fetch(0), store.fetch(0)     # bytes downloaded: the second finds it present  # doctest: +SKIP
-        (1048912, 0)
+        >>> import portable_loader as pl
+        >>> from portable_loader.precache import sample_args
+        >>> from portable_loader.cache.remote import open_store, upload_cache
+        >>> upload_cache(pl.precache(**sample_args(), out="cache"), "memory://bucket/caches/chat")
+        >>> store = open_store("memory://bucket/caches/chat", "shards-3gb", "3GB")
+        >>> store.fetch(0) == store.shards[0]["bytes"], store.fetch(0)   # bytes downloaded: the second finds it present
+        (True, 0)
     """
 
     def __init__(self, url: str, manifest: dict, cache_dir: str, limit: int | None, storage_options: dict | None = None):

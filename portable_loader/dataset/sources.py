@@ -64,9 +64,11 @@ class Cache(Dataset):
     checksum over every record's content.
 
     Example:
-        >>> ds = source(open_cache(path))     # doctest: +SKIP
-        >>> ds.lengths([0, 1])                 # doctest: +SKIP
-        array([212,  87])
+        >>> import portable_loader as pl
+        >>> from portable_loader.precache import sample_args
+        >>> ds = source(pl.open_cache(pl.precache(**sample_args(), out="cache")))
+        >>> type(ds).__name__, ds.lengths([0, 1])
+        ('Cache', array([23, 19]))
     """
 
     cheap_lengths = True

@@ -20,9 +20,16 @@ files; with ``num_workers=0`` the main process tokenizes, and its memo serves th
 
 Example:
     >>> import portable_loader as pl
-    >>> ds = pl.tokenized("data/", tokenizer="phi-3-mini/", format="alpaca", max_length=2048)  # doctest: +SKIP
-    >>> ds[0]["input_ids"][:4], len(ds)                                                       # doctest: +SKIP
-    >>> loader = pl.DataLoader(ds, batch_size=8, seq_len=2048, packing=True, num_workers=4)    # doctest: +SKIP
+    >>> from portable_loader.precache import sample_args
+    >>> args = sample_args()   # the bundled chat sample; yours: pl.tokenized("data/", tokenizer="tok/", format="alpaca")
+    >>> ds = pl.tokenized(args["input"], tokenizer=args["tokenizer"], format=args["format"], max_length=2048)
+    >>> ds[0]["input_ids"][:4], len(ds)
+    (array([  2, 203, 297, 295], dtype=int32), 2000)
+    >>> loader = pl.DataLoader(ds, global_batch_size=8, seq_len=256, packing=True, num_workers=2)
+    >>> with iter(loader) as it:   # the two workers tokenize the packing windows ahead
+    ...     batch = next(it)
+    >>> batch["input_ids"].shape
+    (8, 256)
 """
 
 from __future__ import annotations
@@ -53,9 +60,14 @@ def tokenized(input, *, tokenizer: str, format: str, memo_tokens: int = 1 << 21,
     ``on_bad_row``, ``transcript``. ``memo_tokens`` bounds the tokens kept for records read recently.
 
     Example:
-        >>> ds = tokenized("train.jsonl", tokenizer="gpt2/", format="text", max_length=1024)  # doctest: +SKIP
-        >>> ds.validate()["dropped"]                                                          # doctest: +SKIP
-        {'overlong': 3}
+        >>> import json
+        >>> from portable_loader.precache import sample_args
+        >>> with open("x.jsonl", "w") as f:
+        ...     for text in ["hello world", "a second line, rather longer than the others", "the third"]:
+        ...         print(json.dumps({"text": text}), file=f)
+        >>> ds = tokenized("x.jsonl", tokenizer=sample_args()["tokenizer"], format="text", max_length=16)
+        >>> ds.validate()["dropped"]
+        {'overlong': 1}
     """
     from portable_loader.precache import prepare
 
@@ -74,9 +86,10 @@ class Tokenized(Dataset):
     process did: with loader workers, the main process's ``encoded`` stays 0.
 
     Example:
-        >>> ds = tokenized("train.jsonl", tokenizer="gpt2/", format="text")  # doctest: +SKIP
-        >>> ds.lengths([0, 1])                                                # doctest: +SKIP
-        array([57, 212])
+        >>> from portable_loader.precache import sample_args
+        >>> ds = tokenized(**sample_args())
+        >>> ds.lengths([0, 1]), ds.encoded   # a length is a tokenization: of those two records only
+        (array([23, 19]), 2)
     """
 
     cheap_lengths = False  # a length costs a tokenization
@@ -213,8 +226,11 @@ class Tokenized(Dataset):
         return their lengths, for the planner in the main process.
 
         Example:
-            >>> worker_ds.tokenize_ahead(np.array([4, 9]), "w0-p1")   # doctest: +SKIP
-            array([212,  57])
+            >>> from portable_loader.precache import sample_args
+            >>> worker_ds = tokenized(**sample_args())   # in a worker: the loader's dataset, forked
+            >>> worker_ds.tokenize_ahead(np.array([4, 9]), "w0-p1")
+            array([34, 17])
+            >>> worker_ds.drop_handover()                # (in the main process, once served)
         """
         records = self._records(indices)
         self._spill.write(dict(zip(np.asarray(indices).tolist(), records)), name)
@@ -238,8 +254,10 @@ class Tokenized(Dataset):
         ``truncated``, ``tokens``, ``trainable_tokens``. Afterwards every length is known.
 
         Example:
-            >>> tokenized("x.jsonl", tokenizer="gpt2/", format="text").validate()["rows_out"]  # doctest: +SKIP
-            300
+            >>> from portable_loader.precache import sample_args
+            >>> counts = tokenized(**sample_args()).validate()   # the counts precache reports for the sample
+            >>> counts["rows_out"], counts["dropped"], counts["tokens"]
+            (2000, {}, 73528)
         """
         fmt = self._formatter()
         before, truncated_before = Counter(self.dropped), fmt.truncated

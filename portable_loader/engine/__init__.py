@@ -7,10 +7,16 @@ loader's ``num_workers`` and ``prefetch``; over a remote cache (or a mixture of 
 workers are forked). Nothing here imports ``portable_loader.loader``.
 
 Example:
+    >>> from contextlib import closing
+    >>> import portable_loader as pl
     >>> from portable_loader.plan import Cursor
-    >>> engine = start(loader, loader.planner(), Cursor(0, 0, 0))   # doctest: +SKIP
-    >>> batch, cursor = engine.next()                               # doctest: +SKIP
-    >>> engine.close()                                              # doctest: +SKIP
+    >>> from portable_loader.precache import sample_args
+    >>> src = pl.open_cache(pl.precache(**sample_args(), out="cache"))
+    >>> loader = pl.DataLoader(src, global_batch_size=8, seq_len=128)   # no workers, prefetch=2
+    >>> with closing(start(loader, loader.planner(), Cursor(0, 0, 0))) as engine:
+    ...     batch, cursor = engine.next()
+    >>> type(engine).__name__, batch["input_ids"].shape, cursor.step   # the prefetch thread's engine
+    ('Producer', (8, 128), 1)
 """
 
 from __future__ import annotations

@@ -15,8 +15,25 @@ tokenizes those records in the main process, which raises the row's own error. T
 block are removed once every step that reads it has been returned, and all of them at close.
 
 Example:
-    >>> ahead = Ahead(planner, source, workers=2, send=send, receive=receive)   # doctest: +SKIP
-    >>> ahead.dispatch(ahead.block_of(cursor) + AHEAD_BLOCKS)                  # doctest: +SKIP
+    >>> import portable_loader as pl
+    >>> from portable_loader.precache import sample_args
+    >>> ds = pl.tokenized(**sample_args())   # a length costs a tokenization
+    >>> planner = pl.DataLoader(ds, global_batch_size=8, seq_len=256, packing=True, packing_window=64).planner()
+    >>> wanted(ds, planner)
+    True
+    >>> inboxes = {0: [], 1: []}             # two workers' inboxes; here "the workers" answer in-process
+    >>> def receive(j, key):
+    ...     (part, name), = [payload for k, payload in inboxes[j] if k == key]
+    ...     return "ok", ds.tokenize_ahead(part, name)
+    >>> ahead = Ahead(planner, ds, workers=2, send=lambda j, task: inboxes[j].append(task), receive=receive)
+    >>> first = ahead.block_of(Cursor(0, 0, 0))
+    >>> ahead.dispatch(first); ahead.dispatch(first + AHEAD_BLOCKS)   # the block planned next, and 2 more
+    >>> [key for key, _ in inboxes[0]]       # ("ahead", block, part): a part of each block per worker
+    [('ahead', 0, 0), ('ahead', 1, 0), ('ahead', 2, 0)]
+    >>> rows, cursor = planner.step(Cursor(0, 0, 0))   # takes block 0's answers: the window's 64 lengths
+    >>> ds.encoded, len(ds.unknown(np.arange(len(ds))))
+    (64, 1936)
+    >>> ahead.close()                                  # the planner asks the source itself again
 """
 
 from __future__ import annotations

@@ -17,9 +17,19 @@ thread quietly: the read of that shard fails again, with the error naming the ob
 consumer sees it.
 
 Example:
-    >>> loader = DataLoader(open_cache(url, cache_limit="3GB"), global_batch_size=8, seq_len=512,
-    ...                     shuffle="shards", shuffle_shards=2)   # doctest: +SKIP
-    >>> with iter(loader) as it: batch = next(it)                 # the thread starts with the iterator  # doctest: +SKIP
+    >>> import fsspec
+    >>> import portable_loader as pl
+    >>> from portable_loader.precache import sample_args
+    >>> path = pl.precache(**sample_args(), out="cache")
+    >>> url = "memory://fetch-ahead/" + path.rsplit("/", 1)[-1]   # an in-memory bucket stands in for s3://
+    >>> fsspec.filesystem("memory").put(path, url, recursive=True)
+    >>> src = pl.open_cache(url, cache_dir="shards", cache_limit="3MB")
+    >>> loader = pl.DataLoader(src, global_batch_size=8, seq_len=512, shuffle="shards", shuffle_shards=2)
+    >>> with iter(loader) as it:          # the thread starts with the iterator
+    ...     batch = next(it)
+    >>> src.remote["fetches"]             # both shards, fetched once
+    2
+    >>> src.close(); fsspec.filesystem("memory").rm("memory://fetch-ahead", recursive=True)
 """
 
 from __future__ import annotations
@@ -71,10 +81,23 @@ class FetchAhead:
     one ``FetchAhead`` per cache, each within that cache's own ``cache_limit``.
 
     Example:
-        >>> (lo, hi, remote), = remotes_of(loader.source)                         # doctest: +SKIP
+        >>> import fsspec
+        >>> import portable_loader as pl
+        >>> from portable_loader.engine import InlineEngine
+        >>> from portable_loader.precache import sample_args
+        >>> path = pl.precache(**sample_args(), out="cache")
+        >>> url = "memory://fetch-ahead/" + path.rsplit("/", 1)[-1]   # an in-memory bucket stands in for s3://
+        >>> fsspec.filesystem("memory").put(path, url, recursive=True)
+        >>> loader = pl.DataLoader(pl.open_cache(url, cache_dir="fetched"), global_batch_size=8, seq_len=512)
+        >>> (lo, hi, remote), = remotes_of(loader.source)
+        >>> lo, hi, remote is loader.source.cache
+        (0, 2000, True)
         >>> engine = FetchAhead(InlineEngine(loader, loader.planner(), Cursor(0, 0, 0)), loader,
-        ...                     remote, Cursor(0, 0, 0), part=(lo, hi))          # doctest: +SKIP
-        >>> batch, cursor = engine.next(); engine.close()                   # doctest: +SKIP
+        ...                     remote, Cursor(0, 0, 0), part=(lo, hi))
+        >>> batch, cursor = engine.next(); engine.close()
+        >>> cursor.step, engine.error, remote.remote["fetches"]
+        (1, None, 2)
+        >>> remote.close(); fsspec.filesystem("memory").rm("memory://fetch-ahead", recursive=True)
     """
 
     def __init__(self, engine, loader, remote, cursor: Cursor, max_records: int = 1 << 13, part: tuple | None = None):

@@ -56,8 +56,15 @@ class InlineEngine:
     source with ``spans`` it reads ahead (see the module's docstring).
 
     Example:
-        >>> engine = InlineEngine(loader, loader.planner(), Cursor(0, 0, 0))   # doctest: +SKIP
-        >>> batch, cursor = engine.next()                                      # doctest: +SKIP
+        >>> import portable_loader as pl
+        >>> from portable_loader.precache import sample_args
+        >>> src = pl.open_cache(pl.precache(**sample_args(), out="cache"))
+        >>> loader = pl.DataLoader(src, global_batch_size=8, seq_len=128)
+        >>> engine = InlineEngine(loader, loader.planner(), Cursor(0, 0, 0))
+        >>> batch, cursor = engine.next()
+        >>> engine.close()
+        >>> batch["input_ids"].shape, cursor
+        ((8, 128), Cursor(step=1, window=0, row=0, samples=8))
     """
 
     def __init__(self, loader, planner: Planner, cursor: Cursor):

@@ -14,8 +14,8 @@ file must have the same columns (a mismatch names both files). The identity hash
 content, in order, so the cache key changes when any file does.
 
 Example:
-    >>> import json, os, tempfile
-    >>> d = tempfile.mkdtemp()
+    >>> import json, os
+    >>> d = "parts"; os.makedirs(d)
     >>> for i in range(3):
     ...     _ = open(os.path.join(d, f"part-{i}.jsonl"), "w").write(json.dumps({"text": str(i)}) + "\\n")
     >>> table = open_inputs(d)
@@ -106,8 +106,13 @@ def list_files(spec, storage_options: dict | None = None) -> list[str]:
     """The files (and ``save_to_disk`` folders) a path, folder, glob or list names, in reading order.
 
     Example:
-        >>> list_files(["b.jsonl", "a.jsonl"])  # doctest: +SKIP
-        ['b.jsonl', 'a.jsonl']
+        >>> os.makedirs("in")
+        >>> for name in ("b.jsonl", "a.jsonl", "notes.md"):
+        ...     open(os.path.join("in", name), "w").close()
+        >>> list_files(["in/b.jsonl", "in/a.jsonl"])   # a list: in its order
+        ['in/b.jsonl', 'in/a.jsonl']
+        >>> list_files("in")                           # a folder: its supported files, sorted
+        ['in/a.jsonl', 'in/b.jsonl']
     """
     entries = [spec] if isinstance(spec, (str, os.PathLike)) else list(spec)
     if not entries:
@@ -157,7 +162,13 @@ def open_inputs(spec, split: str | None = None, storage_options: dict | None = N
     :class:`RemoteInputs` (``storage_options``: fsspec's, for every URL).
 
     Example:
-        >>> open_inputs("data/*.parquet")  # doctest: +SKIP
+        >>> import pyarrow as pa, pyarrow.parquet as pq
+        >>> os.makedirs("data")
+        >>> for i in range(2):
+        ...     pq.write_table(pa.table({"text": [f"{i}a", f"{i}b"]}), f"data/part-{i}.parquet")
+        >>> t = open_inputs("data/*.parquet")
+        >>> len(t), [row["text"] for _, row in t.read(0, 4)], t.where(3)
+        (4, ['0a', '0b', '1a', '1b'], ('data/part-1.parquet', 'row 1'))
         >>> open_inputs("nothing-*.jsonl")
         Traceback (most recent call last):
         portable_loader.errors.InputError: nothing-*.jsonl: the glob matches nothing
@@ -192,9 +203,13 @@ class RemoteInputs:
     ``read``, ``where``, ...) opens the table, reading the objects through fsspec.
 
     Example:
-        >>> t = open_inputs("s3://bucket/train.jsonl")      # doctest: +SKIP
-        >>> t.identity()["objects"][0]["etag"]              # doctest: +SKIP
-        '"9b2cf5..."'
+        >>> with open("train.jsonl", "w") as f:
+        ...     _ = f.write('{"text": "hi"}\\n')
+        >>> t = open_inputs("local://" + os.path.abspath("train.jsonl"))   # as s3://bucket/train.jsonl would
+        >>> type(t).__name__, t.identity()["objects"][0]   # local:// has no ETag: the mtime stands in
+        ('RemoteInputs', {'url': 'local:///.../train.jsonl', 'etag': '...', 'size': 15})
+        >>> len(t)    # opens the table: reads the object
+        1
     """
 
     kind = "remote"
@@ -264,7 +279,13 @@ class MultiTable(InputTable):
     file into the error it raises for that row.
 
     Example:
-        >>> t = MultiTable([open_input("a.jsonl"), open_input("b.parquet")], None, name="2 files")  # doctest: +SKIP
+        >>> import json, pyarrow as pa, pyarrow.parquet as pq
+        >>> with open("a.jsonl", "w") as f:
+        ...     _ = f.write(json.dumps({"text": "from a"}) + "\\n")
+        >>> pq.write_table(pa.table({"text": ["from b"]}), "b.parquet")
+        >>> t = MultiTable([open_input("a.jsonl"), open_input("b.parquet")], None, name="2 files")
+        >>> len(t), t.get([1, 0]), t.where(1)
+        (2, [{'text': 'from b'}, {'text': 'from a'}], ('b.parquet', 'row 0'))
     """
 
     kind = "files"

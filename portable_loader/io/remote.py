@@ -10,7 +10,9 @@ from the store's metadata: the object's bytes are never read to decide a cache k
 Example:
     >>> is_url("s3://bucket/train.jsonl"), is_url("data/train.jsonl")
     (True, False)
-    >>> fs, path = filesystem("s3://bucket/train.jsonl")     # doctest: +SKIP
+    >>> fs, path = filesystem("memory://bucket/train.jsonl")   # s3://, gs://, az:// alike, with their package
+    >>> type(fs).__name__, path
+    ('MemoryFileSystem', '/bucket/train.jsonl')
 """
 
 from __future__ import annotations
@@ -66,7 +68,11 @@ def object_identity(url: str, storage_options: dict | None = None) -> dict:
     object still gets a new identity.
 
     Example:
-        >>> object_identity("s3://bucket/train.jsonl")          # doctest: +SKIP
+        >>> with open("train.jsonl", "w") as f:
+        ...     _ = f.write('{"text": "hi"}\\n')
+        >>> object_identity("local://" + os.path.abspath("train.jsonl"))   # no ETag: the mtime stands in
+        {'url': 'local:///.../train.jsonl', 'etag': '...', 'size': 15}
+        >>> object_identity("s3://bucket/train.jsonl")   # needs an S3 bucket  # doctest: +SKIP
         {'url': 's3://bucket/train.jsonl', 'etag': '"9b2cf5..."', 'size': 81234}
     """
     fs, path = filesystem(url, storage_options)

@@ -7,8 +7,8 @@ non-empty line, field ``text``), a JSON list, Parquet, and a folder written by
 ``train[:1000]`` or ``train[10%:20%]`` selects a row window of any of them.
 
 Example:
-    >>> import json, tempfile, os
-    >>> d = tempfile.mkdtemp(); p = os.path.join(d, "x.jsonl")
+    >>> import json
+    >>> p = "x.jsonl"
     >>> _ = open(p, "w").write("\\n".join(json.dumps({"text": t}) for t in "abc"))
     >>> table = open_input(p, split="train[1:]")
     >>> len(table), [row["text"] for _, row in table.read(0, len(table))]
@@ -99,8 +99,13 @@ class InputTable:
         without listing the file again; None where opening costs no scan (Parquet, ...).
 
         Example:
-            >>> open_input("big.jsonl").seek_point(5000)   # doctest: +SKIP
-            (10000, 4096, 1843921)
+            >>> with open("big.txt", "w") as f:
+            ...     _ = f.write("".join(f"line {i}\\n" for i in range(10000)))
+            >>> open_input("big.txt").seek_point(5000)   # rows, the checkpointed line at or before 5000, its byte
+            (10000, 4096, 39850)
+            >>> t = open_input("big.txt", seek=(10000, 4096, 39850))   # opens without scanning the file
+            >>> [row["text"] for _, row in t.read(5000, 5002)]
+            ['line 5000', 'line 5001']
         """
         return None
 

@@ -18,9 +18,12 @@ ranges per shard) and :mod:`~portable_loader.precache.engine` runs them in a pro
 
 Example:
     >>> import portable_loader as pl
-    >>> path = pl.precache("train.jsonl", tokenizer="tok/", format="alpaca", out="cache/")  # doctest: +SKIP
-    >>> len(pl.open_cache(path))                                                             # doctest: +SKIP
-    999
+    >>> from portable_loader.precache import sample_args
+    >>> path = pl.precache(**sample_args(), out="cache")   # the bundled chat sample (a hit once built)
+    >>> path
+    'cache/chat-...'
+    >>> len(pl.open_cache(path))
+    2000
 """
 
 from __future__ import annotations
@@ -77,7 +80,11 @@ def sample_args() -> dict[str, str]:
     """``input``, ``tokenizer`` and ``format`` of the chat sample bundled in the package.
 
     Example:
-        >>> path = precache(**sample_args(), out="portable_loader_cache")  # doctest: +SKIP
+        >>> args = sample_args()
+        >>> args["format"], os.path.basename(args["input"]), os.path.isdir(args["tokenizer"])
+        ('chat', 'sample_chat.jsonl', True)
+        >>> precache(**args, out="cache")
+        'cache/chat-...'
     """
     folder = resources.files("portable_loader") / "sample"
     return {"input": str(folder / "sample_chat.jsonl"), "tokenizer": str(folder / "tokenizer"), "format": "chat"}
@@ -109,9 +116,16 @@ def build_cache(
     """Like :func:`precache`, and also returns the run's summary (counts, seconds, cache hit or not).
 
     Example:
-        >>> path, summary = build_cache("x.jsonl", tokenizer="tok/", format="text", out="c/")  # doctest: +SKIP
-        >>> summary["hit"], summary["rows_out"]                                                 # doctest: +SKIP
-        (False, 300)
+        >>> import json
+        >>> with open("x.jsonl", "w") as f:
+        ...     for text in ["hello world", "a second line", "the third"]:
+        ...         print(json.dumps({"text": text}), file=f)
+        >>> tok = sample_args()["tokenizer"]
+        >>> path, summary = build_cache("x.jsonl", tokenizer=tok, format="text", out="c")
+        >>> summary["hit"], summary["rows_out"], summary["tasks"]
+        (False, 3, 1)
+        >>> build_cache("x.jsonl", tokenizer=tok, format="text", out="c")[1]["hit"]   # the same inputs again
+        True
     """
     t0 = time.perf_counter()
     if backend not in BACKENDS:
@@ -209,7 +223,9 @@ def prepare(
     which the caller adds) are what the cache key hashes.
 
     Example:
-        >>> table, config, parts = prepare("x.jsonl", tokenizer="tok/", format="text")  # doctest: +SKIP
+        >>> table, config, parts = prepare(**sample_args(), max_length=512)
+        >>> len(table), config["format"], parts["max_length"]
+        (2000, 'chat', 512)
     """
     if format not in FORMATS:
         raise ValueError(f"format must be one of {FORMATS}, got {format!r}")
@@ -343,8 +359,16 @@ def precache(input, *, tokenizer: str, format: str, out: str, **options) -> str:
     ``docs/object-storage.md``. The returned path is then a URL for :func:`portable_loader.open_cache`.
 
     Example:
-        >>> path = precache("gsm8k.jsonl", tokenizer="phi-3-mini/", format="alpaca", out="cache/",
-        ...                 fields={"instruction": "question", "output": "answer"})  # doctest: +SKIP
+        >>> import json
+        >>> with open("qa.jsonl", "w") as f:   # gsm8k-like rows: question and answer fields
+        ...     print(json.dumps({"question": "What is 2 + 2?", "answer": "4"}), file=f)
+        ...     print(json.dumps({"question": "Name a colour.", "answer": "Blue"}), file=f)
+        >>> path = precache("qa.jsonl", tokenizer=sample_args()["tokenizer"], format="alpaca", out="cache",
+        ...                 fields={"instruction": "question", "output": "answer"})
+        >>> path
+        'cache/alpaca-...'
+        >>> cache_info(path)["rows"]
+        2
     """
     return build_cache(input, tokenizer=tokenizer, format=format, out=out, **options)[0]
 

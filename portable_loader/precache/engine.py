@@ -7,9 +7,17 @@ and checksums. With one worker the tasks run inline, with no process to start.
 :mod:`portable_loader.precache.ray_engine` runs the same :func:`tokenize_task` on a Ray cluster.
 
 Example:
-    >>> results, workers = run_tasks(tasks, common, 4, show_progress=False, total=rows)  # doctest: +SKIP
-    >>> sum(r["shard"]["rows"] for r in results)                                           # doctest: +SKIP
-    2000
+    >>> from portable_loader.cache.manifest import cache_key
+    >>> from portable_loader.precache import prepare, sample_args
+    >>> from portable_loader.precache.plan import plan_tasks
+    >>> table, config, parts = prepare(**sample_args(), split="train[:200]")   # the sample's first 200 rows
+    >>> config["backend"] = "arrow"
+    >>> os.mkdir("tmp")
+    >>> tasks = plan_tasks(table, rows_per_task=100)
+    >>> common = {"config": config, "table": table, "tokenizer_files": cache_key(parts), "tmp": "tmp"}
+    >>> results, workers = run_tasks(tasks, common, 2, show_progress=False, total=len(table))   # as build_cache does
+    >>> workers, sum(r["shard"]["rows"] for r in results), sorted(os.listdir("tmp"))
+    (2, 200, ['data-00000-of-00002.arrow', 'data-00001-of-00002.arrow'])
 """
 
 from __future__ import annotations
@@ -41,7 +49,13 @@ def cached_tokenizer(path: str, chat_template: str | None, eos_token: str | None
     tokenizer folder is loaded anew.
 
     Example:
-        >>> tok = cached_tokenizer("tok/", None, None, key)  # doctest: +SKIP
+        >>> from portable_loader.precache import sample_args
+        >>> path = sample_args()["tokenizer"]
+        >>> tok = cached_tokenizer(path, None, None, "digest-1")
+        >>> tok is cached_tokenizer(path, None, None, "digest-1"), tok.eos_token
+        (True, '<|endoftext|>')
+        >>> tok is cached_tokenizer(path, None, None, "digest-2")   # the files changed: loaded anew
+        False
     """
     key = (path, chat_template, eos_token, files)
     if key not in _loaded:
@@ -59,9 +73,17 @@ def tokenize_task(task, table, offset: int, cfg: dict, tokenizer_files: str, tmp
     ``progress(n)``, if given, is told of every ``n`` rows read.
 
     Example:
-        >>> result = tokenize_task(plan[0], table, 0, config, key, tmp)  # doctest: +SKIP
-        >>> result["shard"]["file"]                                       # doctest: +SKIP
-        'data-00000-of-00003.arrow'
+        >>> import tempfile
+        >>> from portable_loader.precache import prepare, sample_args
+        >>> from portable_loader.precache.plan import plan_tasks
+        >>> table, config, parts = prepare(**sample_args(), split="train[:30]")
+        >>> config["backend"] = "arrow"
+        >>> plan = plan_tasks(table, rows_per_task=10)
+        >>> with tempfile.TemporaryDirectory() as tmp:
+        ...     result = tokenize_task(plan[0], table, 0, config, "digest", tmp)
+        ...     files = os.listdir(tmp)
+        >>> result["shard"]["file"], result["shard"]["rows"], result["rows_in"], files
+        ('data-00000-of-00003.arrow', 10, 10, ['data-00000-of-00003.arrow'])
     """
     tok = cached_tokenizer(cfg["tokenizer"], cfg["chat_template"], cfg["eos_token"], tokenizer_files)
     fmt = Formatter(

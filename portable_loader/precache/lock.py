@@ -7,8 +7,11 @@ that then gets the lock checks that the file it locked is still the one at that 
 if not, so two runs never both believe they hold it, and no lock file outlives its last user.
 
 Example:
-    >>> with locked("/tmp/.chat-0123.lock"):   # doctest: +SKIP
-    ...     pass                              # build or remove the cache
+    >>> with locked(".chat-0123.lock"):   # build or remove the cache here
+    ...     os.path.exists(".chat-0123.lock")
+    True
+    >>> os.path.exists(".chat-0123.lock")   # no file left behind
+    False
 """
 
 from __future__ import annotations
@@ -44,8 +47,10 @@ def locked(path: str, what: str = "this cache"):
     """Hold the exclusive lock ``path`` for the block; say on stderr when it has to wait, and for whom.
 
     Example:
-        >>> with locked("cache/.text-0123.lock", "text-0123"):   # doctest: +SKIP
-        ...     build()
+        >>> with locked("cache/.text-0123.lock", "text-0123"):
+        ...     with open("cache/.text-0123.lock") as f:
+        ...         print(f.read())                 # who holds it: what a waiting run shows
+        pid ... on ... since ...
     """
     announced = False
     while True:
@@ -84,8 +89,13 @@ def sweep_locks(out: str) -> list[str]:
     waiting on it starts over on a fresh file; a held lock is left alone.
 
     Example:
-        >>> sweep_locks("portable_loader_cache")   # doctest: +SKIP
+        >>> os.makedirs("out", exist_ok=True)
+        >>> open("out/.text-3973b7133c149c2dc0df.lock", "w").close()   # left by a run of an old version
+        >>> sweep_locks("out")
         ['.text-3973b7133c149c2dc0df.lock']
+        >>> with locked("out/.chat-0123.lock"):
+        ...     sweep_locks("out")                # a held lock is left alone
+        []
     """
     removed = []
     for entry in os.listdir(out):

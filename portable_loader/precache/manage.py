@@ -6,10 +6,12 @@ manifests and the store's metadata, never by downloading a shard.
 
 Example:
     >>> import portable_loader as pl
-    >>> [c["name"] for c in pl.list_caches("cache/")]          # doctest: +SKIP
-    ['alpaca-0123456789abcdef0123', 'chat-89abcdef0123456789ab']
-    >>> pl.cache_info("cache/alpaca-0123456789abcdef0123")["rows"]  # doctest: +SKIP
-    7473
+    >>> from portable_loader.precache import sample_args
+    >>> path = pl.precache(**sample_args(), out="cache")
+    >>> [c["name"] for c in pl.list_caches("cache")]
+    ['chat-...']
+    >>> pl.cache_info(path)["rows"]
+    2000
 """
 
 from __future__ import annotations
@@ -45,9 +47,10 @@ def cache_info(path: str) -> dict:
     built with (input, tokenizer, format, max_length, ...).
 
     Example:
-        >>> info = cache_info("cache/alpaca-0123456789abcdef0123")   # doctest: +SKIP
-        >>> info["rows"], info["tokens"], info["lengths"]["p50"]     # doctest: +SKIP
-        (7473, 1718201, 221.0)
+        >>> from portable_loader.precache import precache, sample_args
+        >>> info = cache_info(precache(**sample_args(), out="cache"))
+        >>> info["rows"], info["tokens"], info["lengths"]["p50"], info["options"]["format"]
+        (2000, 73528, 34.0, 'chat')
     """
     if is_url(path):
         m, lengths = _published(path), None
@@ -102,7 +105,22 @@ def format_info(info: dict) -> str:
     """``cache_info``'s dict as the text ``precache info`` prints (a bar per histogram bin).
 
     Example:
-        >>> print(format_info(cache_info(path)))   # doctest: +SKIP
+        >>> from portable_loader.precache import precache, sample_args
+        >>> path = precache(**sample_args(), out="cache")
+        >>> print(format_info(cache_info(path)))
+        cache:    .../cache/chat-...
+        backend:  arrow (2 shards, ... bytes)
+        rows:     2,000 (of 2,000 input rows; dropped: none; truncated: 0)
+        tokens:   73,528 (23,340 trained)
+        length:   min 17  mean 36.76  p50 34  p90 59.1  p99 80.01  max 100
+               16-31      ################################         819
+               32-63      ######################################## 1,032
+               64-127     ######                                   149
+        options:
+          backend: arrow
+        ...
+          format: chat
+        ...
     """
     s = info["lengths"]
     n = lambda v: "?" if v is None else f"{v:,}"  # noqa: E731  (counts a hand-made manifest may lack)
@@ -133,8 +151,8 @@ def list_caches(out: str) -> list[dict]:
     left out; so are the hidden temporary folders of runs in progress.
 
     Example:
-        >>> [(c["name"], c["rows"]) for c in list_caches("portable_loader_cache")]   # doctest: +SKIP
-        [('chat-3f0c9a1b2d4e5f60718a', 64)]
+        >>> [(c["name"], c["rows"], c["error"]) for c in list_caches("cache")]
+        [('chat-...', 2000, None)]
     """
     out = os.fspath(out)
     remote = is_url(out)
@@ -175,7 +193,17 @@ def remove_cache(path: str) -> None:
     precache takes for it, so a concurrent rebuild of that cache cannot interleave.
 
     Example:
-        >>> remove_cache("cache/text-0123456789abcdef0123")   # doctest: +SKIP
+        >>> import shutil
+        >>> (name,) = [c["name"] for c in list_caches("cache")]
+        >>> copy = shutil.copytree(os.path.join("cache", name), os.path.join("old", name))
+        >>> remove_cache(copy)
+        >>> os.listdir("old")
+        []
+        >>> os.makedirs("notes")
+        >>> remove_cache("notes")
+        Traceback (most recent call last):
+        ...
+        portable_loader.errors.CacheError: .../notes: not a portable_loader cache (no manifest.json); nothing removed
     """
     if is_url(path):
         return _remove_published(path)

@@ -19,8 +19,11 @@ Ray is imported only here, and only when a run needs it (a cache hit never conne
 
 Example:
     >>> import portable_loader as pl
-    >>> pl.precache("data/", tokenizer="tok/", format="text", out="/shared/cache",
-    ...             engine="ray", ray_address="head:6379")  # doctest: +SKIP
+    >>> from portable_loader.precache import sample_args
+    >>> pl.precache(**sample_args(), out="cache", engine="ray", ray_address="head:6379")   # a hit: no connection
+    'cache/chat-...'
+    >>> pl.precache(**sample_args(), out="/shared/cache", engine="ray", ray_address="head:6379")   # needs a Ray cluster  # doctest: +SKIP
+    '/shared/cache/chat-...'
 """
 
 from __future__ import annotations
@@ -128,8 +131,15 @@ def run_ray_tasks(tasks: list, config: dict, tokenizer_files: str, dest: str, ad
     (unknown) if the ledger was lost with the driver's node.
 
     Example:
-        >>> results, run = run_ray_tasks(plan, config, key, tmp, "auto", False, rows)  # doctest: +SKIP
-        >>> run["retried"], sum(n["finished"] for n in run["nodes"].values()) == len(plan)   # doctest: +SKIP
+        >>> from portable_loader.precache import prepare, sample_args
+        >>> from portable_loader.precache.plan import plan_tasks
+        >>> table, config, parts = prepare(**sample_args())
+        >>> config["backend"] = "arrow"
+        >>> plan = plan_tasks(table, rows_per_task=1000)
+        >>> [(t.lo, t.hi) for t in plan]
+        [(0, 1000), (1000, 2000)]
+        >>> results, run = run_ray_tasks(plan, config, "digest", "/shared/tmp", "auto", False, len(table))   # needs a Ray cluster  # doctest: +SKIP
+        >>> run["retried"], sum(n["finished"] for n in run["nodes"].values()) == len(plan)   # needs a Ray cluster  # doctest: +SKIP
         (0, True)
     """
     from tqdm import tqdm
