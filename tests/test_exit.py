@@ -8,6 +8,7 @@ code, the time from the last batch (or the signal) to the exit, and that no work
 
 import itertools
 import os
+import re
 import select
 import signal
 import socket
@@ -36,6 +37,27 @@ _jobs = itertools.count()
 
 def shm() -> set:
     return set(os.listdir("/dev/shm")) if os.path.isdir("/dev/shm") else set()
+
+
+def held_shm(procs) -> set:
+    """The /dev/shm entries these processes have open or mapped now."""
+    out = set()
+    for p in procs:
+        try:
+            paths = [f.path for f in p.open_files()] + [m.path for m in p.memory_maps()]
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            continue
+        out |= {os.path.basename(x) for x in paths if x.startswith("/dev/shm/")}
+    return out
+
+
+def made_by(name: str, pids: set, held: set, tag) -> bool:
+    """Whether a /dev/shm entry is the job's: its semaphores carry the test's tag, ours and torch's
+    names carry the pid that made them (``portable_loader-...-<pid>-...``, ``torch_<pid>_...``), and
+    anything else (Python's random ``psm_<hex>``) counts only if the job was seen holding it."""
+    if name.startswith("sem.mp-"):
+        return tag is None or name.startswith(f"sem.mp-{tag}")
+    return name in held or not pids.isdisjoint(re.split(r"[-_.]", name))
 
 
 def alive(procs) -> list:
@@ -81,6 +103,8 @@ def run_job(adapter, prefetch, workers, how, *, dist=None, signal_to_send=None, 
                 pytest.fail(f"job did not get ready: {line!r}\n{err}")
         kids = [k for p in procs for k in psutil.Process(p.pid).children(recursive=True)]
         assert len(kids) >= workers * world, f"expected {workers} workers per rank, saw {kids}"
+        tree = [psutil.Process(p.pid) for p in procs] + kids
+        pids, held = {str(p.pid) for p in tree}, held_shm(tree)
         t0 = time.monotonic()
         for p in procs:
             if signal_to_send is not None:
@@ -108,26 +132,83 @@ def run_job(adapter, prefetch, workers, how, *, dist=None, signal_to_send=None, 
     assert seconds < EXIT_S
     assert not any("terminate called" in e or "FATAL" in e for e in errs), errs
     assert wait_gone(kids, ORPHAN_S) == [], "a worker process outlived the job"
-    assert_no_new_shm(shm_before, tag)
+    assert_no_new_shm(shm_before, pids, held, tag)
     return seconds
 
 
-def assert_no_new_shm(before, tag=None) -> None:
-    """No /dev/shm entry the job made is left. With ``tag``, the job's semaphores carry it, and
-    semaphores without it belong to other processes on this machine (other test runs)."""
+def assert_no_new_shm(before, pids, held=frozenset(), tag=None) -> None:
+    """No /dev/shm entry the job (processes ``pids``) made is left. Entries of other processes on the
+    machine (other test runs, torch jobs) come and go meanwhile and are not counted."""
 
     def new():
-        out = shm() - before
-        if tag is not None:
-            out = {e for e in out if not e.startswith("sem.mp-") or e.startswith(f"sem.mp-{tag}")}
-        return out
+        return {e for e in shm() - before if made_by(e, pids, held, tag)}
 
     left = new()
     deadline = time.monotonic() + 5
-    while left and time.monotonic() < deadline:  # other test runs on this machine come and go
+    while left and time.monotonic() < deadline:  # a finalizer may still be removing its files
         time.sleep(0.2)
         left &= new()
     assert not left, f"/dev/shm entries left behind: {sorted(left)}"
+
+
+def test_only_the_jobs_own_leftovers_count():
+    if not os.path.isdir("/dev/shm"):
+        pytest.skip("no /dev/shm on this machine")
+    # Plain files named as their makers name them (multiprocessing.shared_memory here would start a
+    # resource-tracker child that later tests would count as a worker).
+    before = shm()
+    me, other = str(os.getpid()), os.urandom(4).hex()
+    foreign = f"psm_{other}"  # another process's Python shared memory, held by none of the job's
+    ours = [f"torch_{me}_0_1", f"portable_loader-tokenized-{me}-0123456789ab", "sem.mp-plexitTAG-x"]
+    held = f"psm_{os.urandom(4).hex()}"  # a name with no pid, seen held by the job
+    made = [foreign, held, *ours]
+    try:
+        for name in made:
+            open(os.path.join("/dev/shm", name), "w").close()
+        with pytest.raises(AssertionError) as e:
+            assert_no_new_shm(before, {me}, {held}, "plexitTAG")
+        assert all(n in str(e.value) for n in [*ours, held]) and foreign not in str(e.value)
+        for name in [held, *ours]:
+            os.unlink(os.path.join("/dev/shm", name))
+        assert_no_new_shm(before, {me}, {held}, "plexitTAG")  # the foreign entry is still there: not ours
+    finally:
+        for name in made:
+            if os.path.exists(os.path.join("/dev/shm", name)):
+                os.unlink(os.path.join("/dev/shm", name))
+
+
+CHURN = """
+import os, signal, sys, time, torch
+from multiprocessing import shared_memory
+torch.multiprocessing.set_sharing_strategy("file_system")   # named /dev/shm/torch_<pid>_... files
+signal.signal(signal.SIGTERM, lambda *a: sys.exit(0))
+tensors, mine = [], []
+try:
+    print("churning", flush=True)
+    while True:   # torch shared tensors and Python shared memory, made while the job runs, kept a while
+        tensors.append(torch.zeros(64).share_memory_())
+        mine.append(shared_memory.SharedMemory(create=True, size=64))
+        if len(mine) > 300:
+            tensors.pop(0)
+            m = mine.pop(0); m.close(); m.unlink()
+        time.sleep(0.02)
+finally:
+    for m in mine:
+        m.close(); m.unlink()
+"""
+
+
+def test_exit_checks_hold_while_another_process_churns_shared_memory(tmp_path):
+    pytest.importorskip("torch")
+    (tmp_path / "churn.py").write_text(CHURN)
+    churn = subprocess.Popen([sys.executable, str(tmp_path / "churn.py")], stdout=subprocess.PIPE, text=True)
+    try:
+        assert churn.stdout.readline().strip() == "churning"
+        run_job("torch", 0, 2, "raise", want=1)
+        run_job("loader", 2, 2, "normal", want=0)
+    finally:
+        churn.terminate()  # it removes what it made
+        churn.wait(timeout=30)
 
 
 # --- in this process: nothing keeps a dropped loader alive ------------------------------------------
