@@ -270,11 +270,19 @@ def _filters(node) -> bool:
     return any(_filters(p) for p in getattr(node, "_parents", ()) or ())
 
 
+# Attributes Grain fills in on the first read (statistics, a name derived from the transform, which
+# is hashed anyway): hashing them made a pipeline's fingerprint change once it had been read, so a
+# state saved by a run that had read it was refused by a fresh run of the same pipeline.
+_SET_ON_READ = frozenset({"_stats", "_transform_name", "_source_name"})
+
+
 def _node_identity(node) -> tuple:
     params, fn = {}, ()
     for k, v in sorted(vars_of(node).items()):
         if k == "_transform":
             fn = function_identity(v)
+        elif k in _SET_ON_READ:
+            continue
         elif v is None or isinstance(v, (bool, int, float, str, bytes)):
             params[k] = v
     parents = tuple(_node_identity(p) for p in getattr(node, "_parents", ()) or ())
