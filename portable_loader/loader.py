@@ -35,7 +35,7 @@ from portable_loader.digests import json_sha256
 from portable_loader.engine import InlineEngine, build_batch, start
 from portable_loader.lifecycle import Closing, close_at_exit
 from portable_loader.plan import Cursor, Planner
-from portable_loader.state import STATE_VERSION, check_state, make_state
+from portable_loader.state import STATE_VERSION, LoaderState, check_state, make_state
 
 __all__ = ["Closing", "DataLoader", "LoaderIterator", "LoaderOptions", "InlineEngine", "STATE_VERSION", "build_batch"]
 
@@ -481,8 +481,14 @@ class LoaderIterator(Closing, Iterator[dict]):
     # --- state --------------------------------------------------------------------------------
 
     def get_state(self) -> dict[str, Any]:
-        """A small JSON-serializable dict: version, config fingerprint, stream position and a digest."""
-        return self.state_later()()
+        """A small JSON-serializable dict: version, config fingerprint, stream position and a digest.
+
+        Grain's and Orbax's checkpoint handlers take it as it is (see :class:`portable_loader.state.LoaderState`).
+        """
+        return LoaderState(self.state_later()())
+
+    def start_prefetch(self) -> None:
+        """Grain's checkpoint handler calls this after a restore; prefetching starts at the next batch anyway."""
 
     def state_later(self) -> Callable[[], dict[str, Any]]:
         """``get_state()`` as of now, computed only when called (its digest costs ~10 µs).
@@ -509,7 +515,7 @@ class LoaderIterator(Closing, Iterator[dict]):
         self.close()  # the check may plan a window on the planner the prefetcher uses
         self._cursor = check_state(state, self.loader, self._planner)
     def state_dict(self) -> dict[str, Any]:
-        return self.get_state()
+        return self.state_later()()  # a plain dict, as torch's checkpointers expect
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.set_state(state)

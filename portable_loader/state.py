@@ -43,7 +43,7 @@ from portable_loader.digests import json_sha256
 from portable_loader.errors import StateError
 from portable_loader.plan import Cursor, Planner
 
-__all__ = ["STATE_VERSION", "make_state", "parse_state", "check_state"]
+__all__ = ["STATE_VERSION", "LoaderState", "make_state", "parse_state", "check_state"]
 
 # 2: packed rows are served in a keyed order per window (v1 served them in the packer's order), the
 # over-long policy joined the config, and the digest field was added.
@@ -58,6 +58,23 @@ _MIX_FIELD = "schedule"
 def _digest(state: dict[str, Any]) -> str:
     body = {k: v for k, v in state.items() if k != "digest"}
     return json_sha256(body, compact=False)[:16]
+
+
+class LoaderState(dict):
+    """A loader state: a plain dict that also reads as JSON bytes where a checkpointer expects them.
+
+    Grain's Orbax ``CheckpointHandler`` saves any iterator that is not its own ``DatasetIterator``
+    as ``get_state().decode()`` and restores it with ``set_state(text.encode())``; ``decode`` lets it
+    save our iterators as they are, and ``set_state`` takes the bytes back.
+
+    Example:
+        >>> s = LoaderState({"version": 3, "step": 7})
+        >>> s["step"], s.decode(), parse_state(s.decode().encode()) == s
+        (7, '{"step": 7, "version": 3}', True)
+    """
+
+    def decode(self, *args) -> str:
+        return json.dumps(self, sort_keys=True)
 
 
 def make_state(loader, cursor: Cursor) -> dict[str, Any]:

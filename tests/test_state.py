@@ -204,3 +204,23 @@ def test_jax_adapter_and_its_checkpoint_files_refuse_bad_states(tmp_path):
         with pytest.raises(pl.StateError, match="process_0-of-1.json: is not UTF-8"):
             LoaderCheckpointHandler().restore(tmp_path, jl)
         assert json.loads(jl.get_state())["version"] == STATE_VERSION
+
+
+def test_grains_own_orbax_handler_saves_and_restores_a_bare_iterator(tmp_path):
+    # Grain's CheckpointHandler treats any iterator but its own as bytes-stated (get_state().decode()).
+    grain = pytest.importorskip("grain")
+    ocp = pytest.importorskip("orbax.checkpoint")
+    records = [{"input_ids": np.arange(1 + i % 9, dtype=np.int32)} for i in range(40)]
+    loader = pl.DataLoader(records, global_batch_size=4, seq_len=16, seed=0, packing=True)
+    mngr = ocp.CheckpointManager(tmp_path / "ckpt", item_names=("iter",),
+                                 item_handlers={"iter": grain.checkpoint.CheckpointHandler()})
+    with iter(loader) as it:
+        next(it)
+        mngr.save(1, args=ocp.args.Composite(iter=grain.checkpoint.CheckpointSave(it)))
+        mngr.wait_until_finished()
+        following = [next(it) for _ in range(3)]
+    with iter(loader) as fresh:
+        mngr.restore(1, args=ocp.args.Composite(iter=grain.checkpoint.CheckpointRestore(fresh)))
+        again = [next(fresh) for _ in range(3)]
+    mngr.close()
+    assert all(np.array_equal(a[k], b[k]) for a, b in zip(following, again) for k in a)
