@@ -124,3 +124,28 @@ def test_array_record_shards_are_uncompressed_and_old_compressed_ones_are_refuse
         next(it)
     with iter(pl.DataLoader(pl.open_cache(old), global_batch_size=4, seq_len=64)) as it:
         assert next(it)["input_ids"].shape == (4, 64)  # in this process it reads fine
+
+
+@pytest.mark.parametrize("backend", ["arrow", "array_record"])
+def test_a_cache_pickles_as_what_reopens_it_and_grains_workers_read_it(tmp_path, backend):
+    # Grain's DataLoader pickles its data source into each worker process.
+    import pickle
+
+    import grain
+
+    import portable_loader as pl
+    from portable_loader.precache import sample_args
+
+    src = pl.open_cache(pl.precache(**sample_args(), out=str(tmp_path), backend=backend, split="train[:64]"))
+    src[0]  # maps, readers and locks now exist in this process
+    data = pickle.dumps(src)
+    assert len(data) < 16_000  # the path and manifest, not the records
+    copy = pickle.loads(data)
+    assert all(np.array_equal(a["input_ids"], b["input_ids"]) for a, b in zip(copy[:], src[:]))
+    from absl import flags
+
+    flags.FLAGS.mark_as_parsed()  # Grain's workers read its absl flags, which only an absl app parses
+    sampler = grain.samplers.IndexSampler(len(src), shard_options=grain.sharding.NoSharding(), shuffle=False, num_epochs=1)
+    loader = grain.DataLoader(data_source=src, sampler=sampler, worker_count=2)
+    got = [r["input_ids"].tolist() for r in loader]
+    assert got == [r["input_ids"].tolist() for r in src[:]]

@@ -285,3 +285,15 @@ def evictable(path):
     finally:
         fcntl.flock(fd, fcntl.LOCK_UN)
         os.close(fd)
+
+
+def test_a_remote_cache_pickles_as_its_own_store_over_the_same_bucket(many, tmp_path):
+    import pickle
+
+    url, local, sizes = many
+    src = pl.open_cache(url, cache_dir=tmp_path, cache_limit=3 * max(sizes))
+    src[0]
+    copy = pickle.loads(pickle.dumps(src))
+    assert copy.store is not src.store and copy.store.url == src.store.url
+    want = pl.open_cache(local)
+    assert all(np.array_equal(copy[i]["input_ids"], want[i]["input_ids"]) for i in (0, len(want) - 1))

@@ -71,6 +71,11 @@ class _CacheSource:
     def __len__(self) -> int:
         return self._len
 
+    def __reduce__(self):
+        # Pickled (into Grain's or torch's worker processes) as what reopens it: maps, readers and
+        # locks belong to this process, and a copy of the mapped data would be the whole cache.
+        return type(self), (self.path, self.manifest)
+
     @property
     def shard_rows(self) -> list[int]:
         """Records per shard, in order (what ``shuffle="shards"`` groups by)."""
@@ -544,6 +549,9 @@ class ArrayRecordCacheSource(_CacheSource):
     def reopen(self) -> "ArrayRecordCacheSource":
         """A fresh instance with its own readers and an empty memo (what a forked worker needs)."""
         return ArrayRecordCacheSource(self.path, self.manifest, self.memo_bytes, self.mapped)
+
+    def __reduce__(self):
+        return ArrayRecordCacheSource, (self.path, self.manifest, self.memo_bytes, self.mapped)
 
     def close(self) -> None:
         for r in self._readers:
