@@ -1,29 +1,77 @@
-"""The README's examples run as written, and the README and docs/ point only at files in the repository.
+"""Every python example of README.md and docs/*.md runs as written, and the pages point only at files in the repository.
 
-Each ```python block of README.md runs on its own in a fresh interpreter and an empty directory, so
-an example that needs a name, a file or a step that is not on the page fails here before a reader
-copies it. The README's shell commands are each either run here or a script of this repository.
+Each `python` fenced block of README.md and of every page in docs/ runs on its own in a fresh interpreter
+and an empty directory, so an example that needs a name, a file or a step that is not on the page
+fails here before a reader copies it. A block may carry a run marker, an HTML comment on the line
+right before its opening fence (`<!-- run: processes=2 s3 timeout=120 -->`), for what it needs:
+
+- `processes=N`: N copies start at once, each with torchrun's `RANK`, `WORLD_SIZE`, `LOCAL_RANK`,
+  `MASTER_ADDR`, `MASTER_PORT` (a free port on 127.0.0.1) and without `XLA_FLAGS`; all must exit 0.
+  `processes=2,1`: 2 at once, then 1, in the same directory (a checkpoint saved by 2, restored by 1);
+- `s3`: a moto S3 server on 127.0.0.1 with a bucket `my-bucket`, which the env points fsspec at;
+- `timeout=S`: seconds before the block (all its runs) counts as hung (default 300).
+
+A block without a marker runs as one plain process. A block is skipped only where a module it imports
+at top level is not installed.
+
+The README's shell commands are each either run here or a script of this repository.
 """
 
-import ast
 import importlib.util
+import os
 import pathlib
 import re
+import signal
+import socket
 import subprocess
 import sys
+import time
+import urllib.request
 
 import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 README = ROOT / "README.md"
-PAGES = [README, *sorted((ROOT / "docs").glob("*.md"))]
+DOCS = sorted((ROOT / "docs").glob("*.md"))
+PAGES = [README, *DOCS]
 FENCE = re.compile(r"^```(\w*)\n(.*?)^```", re.M | re.S)
 LINK = re.compile(r"!?\[[^\]]*\]\(([^)\s]+)\)")
 PYTHON = "\x60\x60\x60python"  # the fence, spelled so that this file is not counted as one
+MARKER = re.compile(r"^<!-- run: (.*?) -->\n\Z")  # the line right before a fence
+MARKERS_ANYWHERE = re.compile(r"<!-- run:")
+WORDS = {"processes": re.compile(r"processes=([1-9]\d*(?:,[1-9]\d*)*)"), "s3": re.compile(r"s3"),
+         "timeout": re.compile(r"timeout=([1-9]\d*)")}
 
 
 def blocks(path: pathlib.Path, lang: str) -> list[str]:
     return [m.group(2) for m in FENCE.finditer(path.read_text()) if m.group(1) == lang]
+
+
+def marked_blocks(path: pathlib.Path) -> list[tuple[str, list[str]]]:
+    """The page's python blocks, each with the words of the run marker on the line before it."""
+    text, out = path.read_text(), []
+    for m in FENCE.finditer(text):
+        if m.group(1) == "python":
+            before = text[: m.start()]
+            line = before[before.rstrip("\n").rfind("\n") + 1 :] if before.endswith("\n") else ""
+            marker = MARKER.match(line)
+            out.append((m.group(2), marker.group(1).split() if marker else []))
+    return out
+
+
+def run_options(words: list[str]) -> dict:
+    """`processes`, `s3` and `timeout` from a marker's words; an unknown word is an error."""
+    options = {"processes": None, "s3": False, "timeout": 300}
+    for word in words:
+        name = word.split("=")[0]
+        m = WORDS.get(name) and WORDS[name].fullmatch(word)
+        if not m:
+            raise ValueError(f"unknown run marker word {word!r}: known are processes=N[,M...], s3, timeout=S")
+        if name == "processes":
+            options[name] = [int(n) for n in m.group(1).split(",")]
+        else:
+            options[name] = int(m.group(1)) if m.groups() else True
+    return options
 
 
 def commands(block: str) -> list[str]:
@@ -36,12 +84,30 @@ def top_level_modules(code: str) -> set[str]:
     return set(re.findall(r"^(?:import|from)\s+(\w+)", code, re.M))
 
 
+def name(page: pathlib.Path) -> str:
+    return str(page.relative_to(ROOT))
+
+
 EXAMPLES = blocks(README, "python")
+SNIPPETS = [(name(page), i + 1, code, words) for page in PAGES for i, (code, words) in enumerate(marked_blocks(page))]
 
 
 def test_every_python_fence_is_found():
     # The fences counted another way: a parser that missed one would silently skip its example.
     assert len(EXAMPLES) == README.read_text().count(PYTHON) >= 5
+    for page in DOCS:
+        text = page.read_text()
+        assert len(marked_blocks(page)) == text.count(PYTHON), f"{name(page)}: a python fence the parser misses"
+    assert len(SNIPPETS) == sum(page.read_text().count(PYTHON) for page in PAGES)
+
+
+@pytest.mark.parametrize("page", PAGES, ids=name)
+def test_every_run_marker_sits_on_a_python_block_and_names_known_words(page):
+    found = [words for _, words in marked_blocks(page) if words]
+    assert len(found) == len(MARKERS_ANYWHERE.findall(page.read_text())), (
+        f"{name(page)}: a run marker not on the line right before a {PYTHON} fence")
+    for words in found:
+        run_options(words)
 
 
 @pytest.fixture(scope="module")
@@ -53,9 +119,63 @@ def sample_cache(tmp_path_factory):
     return pathlib.Path(pl.precache(**sample_args(), out=str(tmp_path_factory.mktemp("cache"))))
 
 
-@pytest.mark.parametrize("code", EXAMPLES, ids=[f"example{i + 1}" for i in range(len(EXAMPLES))])
-def test_readme_example_runs_as_written(code, tmp_path, sample_cache):
-    missing = sorted(m for m in top_level_modules(code) if importlib.util.find_spec(m) is None)
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def s3_server():
+    """A moto S3 server on 127.0.0.1 holding an empty bucket `my-bucket`, and the env that points fsspec at it."""
+    from moto.server import ThreadedMotoServer
+
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0)
+    server.start()
+    host, port = server.get_host_and_port()
+    url = f"http://{host}:{port}"
+    # moto's backends are global to the process: start empty when another server ran here before.
+    urllib.request.urlopen(urllib.request.Request(f"{url}/moto-api/reset", method="POST")).close()
+    urllib.request.urlopen(urllib.request.Request(f"{url}/my-bucket", method="PUT")).close()
+    env = {
+        "FSSPEC_S3_ENDPOINT_URL": url,
+        "AWS_ACCESS_KEY_ID": "testing",
+        "AWS_SECRET_ACCESS_KEY": "testing",
+        "AWS_DEFAULT_REGION": "us-east-1",
+        "AWS_EC2_METADATA_DISABLED": "true",
+    }
+    return server, env
+
+
+def run_processes(n: int | None, env: dict, cwd: pathlib.Path, deadline: float, tag: str) -> list[str]:
+    """Run example.py as one plain process (n None) or n ranks at once; the outputs of those that failed."""
+    if n is not None:  # as torchrun starts them, all on this machine
+        env = {k: v for k, v in env.items() if k != "XLA_FLAGS"}
+        env.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()), WORLD_SIZE=str(n))
+    logs, procs = [cwd / f"output-{tag}-{r}.txt" for r in range(n or 1)], []
+    try:
+        for r, log in enumerate(logs):
+            rank = dict(RANK=str(r), LOCAL_RANK=str(r)) if n is not None else {}
+            with open(log, "w") as out:  # a file, not a pipe: a rank blocked on a full pipe could hang the others
+                procs.append(subprocess.Popen([sys.executable, "example.py"], cwd=cwd, env={**env, **rank},
+                                              stdout=out, stderr=subprocess.STDOUT, start_new_session=True))
+        for p in procs:
+            p.wait(timeout=max(0.0, deadline - time.monotonic()))
+    except subprocess.TimeoutExpired:
+        pass
+    finally:
+        for p in procs:
+            if p.poll() is None:  # timed out: its whole group, workers included
+                os.killpg(p.pid, signal.SIGKILL)
+                p.wait()
+    return [f"--- process {r} of {n or 1} ({tag}) exited {p.returncode}, output:\n{log.read_text()[-3000:]}\n"
+            for r, (p, log) in enumerate(zip(procs, logs)) if p.returncode != 0]
+
+
+@pytest.mark.parametrize("page, index, code, words", SNIPPETS, ids=[f"{p}-{i}" for p, i, _, _ in SNIPPETS])
+def test_example_runs_as_written(page, index, code, words, tmp_path, sample_cache):
+    options = run_options(words)
+    needed = top_level_modules(code) | ({"moto", "s3fs"} if options["s3"] else set())
+    missing = sorted(m for m in needed if importlib.util.find_spec(m) is None)
     if missing:  # only where scripts/test.sh's full install was not used
         pytest.skip(f"example needs {missing}, not installed here")
     # Building the cache is tested below (the README's precache command) and in test_precache.py;
@@ -63,8 +183,21 @@ def test_readme_example_runs_as_written(code, tmp_path, sample_cache):
     (tmp_path / "cache").mkdir()
     (tmp_path / "cache" / sample_cache.name).symlink_to(sample_cache)
     (tmp_path / "example.py").write_text(code)
-    r = subprocess.run([sys.executable, "example.py"], cwd=tmp_path, capture_output=True, text=True, timeout=300)
-    assert r.returncode == 0, f"README example failed:\n{code}\n--- stderr:\n{r.stderr[-3000:]}"
+    env, server, failed = dict(os.environ), None, []
+    if options["s3"]:
+        server, s3_env = s3_server()
+        env.update(s3_env)
+    deadline = time.monotonic() + options["timeout"]
+    try:
+        for k, n in enumerate(options["processes"] or [None]):  # runs one after another, in one folder
+            failed = run_processes(n, env, tmp_path, deadline, f"run{k + 1}")
+            if failed:
+                break
+    finally:
+        if server is not None:
+            server.stop()
+    late = " (or ran past its timeout)" if time.monotonic() > deadline else ""
+    assert not failed, f"{page} example {index} failed{late}:\n{code}\n" + "".join(failed)
 
 
 def test_readme_commands_are_run_here_or_are_scripts_of_the_repository(tmp_path):
@@ -121,33 +254,3 @@ def test_tests_named_by_the_design_exist():
     cited = set(re.findall(r"`(test_\w+)`", (ROOT / "docs" / "design.md").read_text()))
     assert len(cited) >= 20
     assert cited <= defined, f"design.md cites tests that do not exist: {sorted(cited - defined)}"
-
-
-def defined_names(module: str) -> set[str]:
-    """Top-level names of a package module, read from its source: the frameworks it imports stay unloaded."""
-    tree = ast.parse(pathlib.Path(importlib.util.find_spec(module).origin).read_text())
-    names, todo = set(), list(tree.body)
-    while todo:
-        node = todo.pop()
-        if isinstance(node, (ast.If, ast.Try, ast.With)):  # names defined only when an import works
-            todo += [*node.body, *getattr(node, "orelse", []), *getattr(node, "finalbody", [])]
-            todo += [n for h in getattr(node, "handlers", []) for n in h.body]
-        elif isinstance(node, (ast.FunctionDef, ast.ClassDef)):
-            names.add(node.name)
-        elif isinstance(node, (ast.Import, ast.ImportFrom)):
-            names |= {(a.asname or a.name).split(".")[0] for a in node.names}
-        elif isinstance(node, (ast.Assign, ast.AnnAssign)):
-            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
-            names |= {t.id for t in targets if isinstance(t, ast.Name)}
-    return names
-
-
-@pytest.mark.parametrize("page", PAGES[1:], ids=[p.name for p in PAGES[1:]])
-def test_reference_snippets_in_docs_parse_and_import_real_names(page):
-    # The docs' snippets are reference sketches (they use names from their context, such as `src`),
-    # so they are not run; they must still parse, and what they import from the package must exist.
-    for code in blocks(page, "python"):
-        compile(code, str(page), "exec")
-        for module, names in re.findall(r"^from (portable_loader[\w.]*) import ([\w, ]+)$", code, re.M):
-            missing = set(names.replace(" ", "").split(",")) - defined_names(module)
-            assert not missing, f"{page.name}: {module} has no {sorted(missing)}"
