@@ -39,7 +39,7 @@ Example:
 from __future__ import annotations
 
 from collections import OrderedDict
-from typing import Callable, NamedTuple
+from typing import TYPE_CHECKING, Callable, NamedTuple
 
 import numpy as np
 
@@ -47,6 +47,9 @@ from portable_loader.batch_size import BatchSchedule, as_schedule
 from portable_loader.collate import OVERLONG, Piece, pack
 from portable_loader.errors import FilterError
 from portable_loader.sampler import LCGSampler, _splitmix64
+
+if TYPE_CHECKING:  # the dataset package imports the planner's module
+    from portable_loader.dataset.protocols import StreamOrder
 
 __all__ = ["Cursor", "MAX_REJECTED", "Planner"]
 
@@ -84,7 +87,7 @@ class Planner:
 
     def __init__(
         self,
-        sampler: LCGSampler,
+        sampler: StreamOrder,
         num_records: int,
         *,
         global_batch_size: int | BatchSchedule,
@@ -135,9 +138,8 @@ class Planner:
         if got is not None and hi <= (chunk + 1) * _CHUNK:
             return got[lo - chunk * _CHUNK : hi - chunk * _CHUNK]
         if jump and hi - lo <= _CHUNK // 8:
-            few = getattr(self.sampler, "few", None)  # a step's positions, in Python integers
-            if few is not None and hi - lo <= _FEW and (self.total is None or hi <= self.total):
-                return np.array(few(list(range(lo, hi))), dtype=np.int64)
+            if hi - lo <= _FEW and (self.total is None or hi <= self.total):  # in Python integers
+                return np.array(self.sampler.few(list(range(lo, hi))), dtype=np.int64)
             return self.sampler.stream_indices(np.arange(lo, hi, dtype=np.int64))
         parts = []
         while lo < hi:
@@ -152,6 +154,16 @@ class Planner:
             parts.append(got[lo - chunk * _CHUNK : end - chunk * _CHUNK])
             lo = end
         return parts[0] if len(parts) == 1 else np.concatenate(parts)
+
+    def use_lengths(self, lengths: Callable[[np.ndarray], np.ndarray]) -> Callable[[np.ndarray], np.ndarray]:
+        """Answer record lengths through ``lengths`` from now on; returns the function it replaces.
+
+        The worker engine lends the planner lengths its workers compute ahead, and gives the old
+        function back when it closes.
+        """
+        previous, self._lengths = self._lengths, lengths
+        self._span_lengths = None  # answered by the old function
+        return previous
 
     def lengths_at(self, lo: int, hi: int, recs: np.ndarray) -> np.ndarray:
         """Lengths of ``recs``, the records at positions ``[lo, hi)`` (from :meth:`records`).
@@ -295,7 +307,7 @@ class Planner:
         if run is None:
             return FilterError(f"{what} rejected every record of this finite stream ({self.total} positions): "
                                "there is nothing to serve")
-        proof = run >= 2 * self.n and isinstance(self.sampler, LCGSampler)  # a mixture's sources repeat unevenly
+        proof = run >= 2 * self.n and self.sampler.whole_epochs
         why = (f"any {2 * self.n} positions hold a whole epoch of the dataset's {self.n} records: "
                "it rejects every record" if proof else "it rejects everything, or so nearly everything that batches cannot be filled")
         return FilterError(f"{what} rejected {run} records in a row from stream position {at} ({why})")

@@ -191,6 +191,8 @@ class LCGSampler:
         True
     """
 
+    whole_epochs = True  # each epoch is one permutation of every record (dataset.protocols.StreamOrder)
+
     def __init__(
         self,
         num_records: int,

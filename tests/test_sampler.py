@@ -320,3 +320,26 @@ def test_few_positions_in_python_integers_equal_the_numpy_path(n, seed, epoch):
     s = LCGSampler(n, seed=seed % 2**32, shard_index=1 % max(1, min(n, 3)), shard_count=max(1, min(n, 3)))
     stream = np.random.default_rng(epoch).integers(0, min(len(s), 10**15), 3 * _FEW)
     assert s.stream_indices(stream[:5]).tolist() == s.stream_indices(stream)[:5].tolist()
+
+
+def test_every_stream_order_keeps_the_written_contract():
+    # The planner takes the LCG sampler, a mixture's order and the shard-group order through one
+    # interface (dataset/protocols.py): ``few`` must agree with ``stream_indices`` everywhere.
+    import numpy as np
+
+    import portable_loader as pl
+    from portable_loader.dataset.protocols import StreamOrder
+    from portable_loader.dataset.shard_order import ShardShuffle
+    from portable_loader.sampler import LCGSampler
+
+    a = [{"input_ids": np.arange(1 + i % 5)} for i in range(37)]
+    b = [{"input_ids": np.arange(2)} for _ in range(11)]
+    orders = [LCGSampler(37, seed=5, num_epochs=3), LCGSampler(37, seed=5, shuffle=False, num_epochs=3),
+              ShardShuffle([10, 17, 10], group=2, seed=5, num_epochs=3),
+              pl.mix({"a": a, "b": b}, {"a": 3, "b": 1}).stream_order(5, num_epochs=3)]
+    rng = np.random.default_rng(0)
+    for order in orders:
+        assert isinstance(order, StreamOrder)
+        positions = rng.integers(0, len(order), 40).tolist()
+        assert order.few(positions) == order.stream_indices(np.array(positions)).tolist()
+    assert [o.whole_epochs for o in orders] == [True, True, True, False]

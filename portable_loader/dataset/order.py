@@ -96,8 +96,8 @@ class Stage(NamedTuple):
 class MixOrder:
     """Stream position -> index into the mixture (its sources concatenated), keyed by ``seed``.
 
-    It offers what the planner asks of a sampler: ``stream_indices``, ``num_epochs``, ``shuffle``,
-    ``seed``. ``children`` are the sources' own orders (an ``LCGSampler`` or a nested ``MixOrder``),
+    It is a :class:`portable_loader.dataset.protocols.StreamOrder` (its sources repeat unevenly, so
+    not ``whole_epochs``). ``children`` are the sources' own orders (an ``LCGSampler`` or a nested ``MixOrder``),
     ``offsets`` where each source starts in the concatenation.
 
     Example:
@@ -109,6 +109,8 @@ class MixOrder:
         >>> np.bincount(src).tolist()
         [2, 6]
     """
+
+    whole_epochs = False
 
     def __init__(self, stages: Sequence[Stage], children: Sequence, offsets: np.ndarray, *, seed: int,
                  shuffle: bool = True, num_epochs: int | None = None):
@@ -205,10 +207,7 @@ class MixOrder:
             found.setdefault(i, []).append(j)
         out = [0] * len(src)
         for i, where in found.items():
-            child = self.children[i]
-            few = getattr(child, "few", None)  # ours have it; any other order by its stream_indices
-            part = [spos[j] for j in where]
-            got = few(part) if few else child.stream_indices(np.array(part, dtype=np.int64)).tolist()
+            got = self.children[i].few([spos[j] for j in where])
             for j, r in zip(where, got):
                 out[j] = r + self._offset_list[i]
         return out

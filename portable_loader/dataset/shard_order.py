@@ -43,8 +43,8 @@ _GROUP_SALT = 0x6_1200_9F_5EED
 class ShardShuffle:
     """Stream position -> record index, shuffling ``group`` shards' records together (module docstring).
 
-    ``shard_rows``: records per shard, in the source's order (a cache's manifest order). It offers
-    what the planner asks of a sampler: ``stream_indices``, ``num_epochs``, ``shuffle``, ``seed``.
+    ``shard_rows``: records per shard, in the source's order (a cache's manifest order). It is a
+    :class:`portable_loader.dataset.protocols.StreamOrder`.
 
     Example:
         >>> ShardShuffle([2, 2], group=1, seed=3).stream_indices([0, 1, 2, 3]).tolist()
@@ -52,6 +52,7 @@ class ShardShuffle:
     """
 
     shuffle = True
+    whole_epochs = True  # each epoch is one permutation of every record (dataset.protocols.StreamOrder)
 
     def __init__(self, shard_rows: Sequence[int], group: int, seed: int, *, num_epochs: int | None = None):
         rows = np.asarray(shard_rows, dtype=np.int64)
@@ -107,6 +108,10 @@ class ShardShuffle:
                 k = np.searchsorted(ends, j, side="right")
                 out[at[sel]] = self.offsets[shards[k]] + j - (ends[k] - self.rows[shards[k]])
         return out
+
+    def few(self, positions: list[int]) -> list[int]:
+        """``stream_indices`` of a few positions already checked to be in range, as Python integers."""
+        return self.stream_indices(np.array(positions, dtype=np.int64)).tolist()
 
     def __repr__(self) -> str:
         return (f"ShardShuffle(shards={self.rows.size}, records={self.num_records}, group={self.group}, "

@@ -72,8 +72,7 @@ class Ahead:
         self._answered: deque = deque()  # (block, file names) whose lengths were taken
         # The planner belongs to this loader's iterator, and only this engine plans with it while
         # the engine lives (set_state closes the engine first).
-        self._inner = planner._lengths
-        planner._lengths = self.lengths
+        self._inner = planner.use_lengths(self.lengths)
 
     def block_of(self, cursor: Cursor) -> int:
         """The block holding the next position ``cursor`` plans from."""
@@ -139,7 +138,7 @@ class Ahead:
 
     def close(self) -> None:
         """Give the planner its lengths back and remove every file of this loader."""
-        self.planner._lengths = self._inner
+        self.planner.use_lengths(self._inner)
         self._pending.clear()
         self._answered.clear()
         self.source.drop_handover()
