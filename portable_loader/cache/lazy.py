@@ -298,11 +298,6 @@ class RemoteCacheSource(_CacheSource):
         return _reopened, (self.store.url, self.manifest, self.store.cache_dir, self.store.limit,
                            self.store.storage_options, self.max_open)
 
-
-def _reopened(url, manifest, cache_dir, limit, storage_options, max_open) -> RemoteCacheSource:
-    """What an unpickled remote cache is: its own store over the same folder and bucket."""
-    return RemoteCacheSource(ShardStore(url, manifest, cache_dir, limit, storage_options), max_open)
-
     def close(self) -> None:
         """Drop the open shard readers (their files stay in the local cache)."""
         with self._lock:
@@ -314,3 +309,8 @@ def _unpin_all(opened: OrderedDict, pid: int) -> None:
     if os.getpid() == pid:
         while opened:
             ShardStore.unpin(opened.popitem()[1][1])
+
+
+def _reopened(url, manifest, cache_dir, limit, storage_options, max_open) -> RemoteCacheSource:
+    """What an unpickled remote cache is: its own store over the same folder and bucket."""
+    return RemoteCacheSource(ShardStore(url, manifest, cache_dir, limit, storage_options), max_open)
