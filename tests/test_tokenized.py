@@ -205,6 +205,6 @@ def test_windows_the_main_process_tokenizes_reach_workers_without_a_second_token
     kept = range(10, 5 * (spill.KEEP + 2))
     assert_same_records(worker[list(kept)], fresh[list(kept)])
     assert worker._fmt is None  # every record came from the hand-over
-    assert_same_records(worker[0:10] + worker[50:], fresh[0:10] + fresh[50:])  # dropped and unseen: tokenized
+    assert_same_records(list(worker[0:10]) + list(worker[50:]), list(fresh[0:10]) + list(fresh[50:]))  # dropped and unseen: tokenized
     ds._spill.close()
     assert not os.path.exists(ds._spill.dir)

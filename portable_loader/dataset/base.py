@@ -18,6 +18,16 @@ Example:
     [3, 2]
     >>> len(ds.fingerprint())
     16
+
+``Dataset`` is also Grain's ``MapDataset`` (``portable_loader.grain.MapDataset`` is this class):
+``Dataset.range``, ``source``, ``mix``, ``concatenate``, ``select_from_datasets`` and the methods
+``map``, ``filter``, ``random_map``, ``map_with_index``, ``shuffle``, ``slice`` (and ``ds[a:b:c]``),
+``batch``, ``repeat``, ``seed``, ``apply``, ``pipe``, ``to_iter_dataset`` and iteration, with
+Grain's results wherever Grain's are deterministic (shuffles use our keyed order instead).
+
+    >>> from portable_loader.dataset import Dataset
+    >>> list(Dataset.range(10).map(lambda x: x * 2)[1:7:2].batch(2))
+    [array([2, 6]), array([10])]
 """
 
 from __future__ import annotations
@@ -32,7 +42,7 @@ import numpy as np
 
 from portable_loader.indexing import parse_index
 
-__all__ = ["Dataset", "digest", "function_identity", "records_digest"]
+__all__ = ["Dataset", "as_indices", "digest", "function_identity", "records_digest", "within"]
 
 _DIGEST_HEX = 16  # 64 bits: states are compared, never looked up among many
 
@@ -63,6 +73,37 @@ class Dataset:
     fork_hazard: str | None = None
     #: The filters in this tree (their labels); when there are any the loader asks ``accepts``.
     filters: tuple[str, ...] = ()
+    #: Whether ``__getitems__``, ``lengths`` and ``accepts`` take indices past ``len`` by Grain's rule
+    #: (index ``i`` is position ``i % len`` of epoch ``i // len``: a shuffle below reshuffles, a random
+    #: map redraws). Views of this package do; a source does not and is read modulo its length
+    #: (:func:`within`), all its epochs being alike.
+    reads_epochs: bool = False
+    _iter_chunk = 64  # indices per batched read while iterating
+
+    def __init__(self, parents=()):
+        # Only a Grain-style subclass calls this (``super().__init__(parent)``); ours set their own fields.
+        self._parents = (parents,) if isinstance(parents, Dataset) else tuple(parents)
+
+    @property
+    def parents(self) -> tuple:
+        """The datasets this one reads, as Grain's ``MapDataset.parents``; ``()`` for a source."""
+        own = self.__dict__
+        if "parent" in own:
+            return (own["parent"],)
+        return tuple(own.get("children", ()) or own.get("_parents", ()))
+
+    @property
+    def _default_seed(self) -> int | None:
+        """Grain's default seed at this node (from the nearest ``seed()`` above), for Grain-style subclasses."""
+        from portable_loader.dataset.seeds import default_seed
+
+        return default_seed(self, depth=0)
+
+    @property
+    def _parent(self) -> "Dataset":
+        """The one parent, as a Grain-style subclass reads it (``self._parent[index]``)."""
+        (parent,) = self.parents
+        return parent
 
     @property
     def shard_rows(self) -> list[int] | None:
@@ -85,10 +126,25 @@ class Dataset:
         raise NotImplementedError
 
     def __getitems__(self, indices: Sequence[int] | np.ndarray) -> list:
-        raise NotImplementedError
+        # A Grain-style subclass defines Grain's methods instead: a batched _getitems, or __getitem__.
+        if type(self)._getitems is not Dataset._getitems:
+            return list(self._getitems([int(i) for i in indices]))
+        if type(self).__getitem__ is not Dataset.__getitem__:
+            return [self[int(i)] for i in indices]
+        raise NotImplementedError(f"{type(self).__name__} defines neither __getitems__ nor __getitem__")
+
+    def _getitems(self, indices: Sequence[int]) -> list:
+        """Grain's name for the batched read: ``__getitems__``."""
+        return self.__getitems__(indices)
 
     def _identity(self) -> tuple:
-        raise NotImplementedError
+        """What a Grain-style subclass (one that defines no ``_identity``) is fingerprinted by: its class,
+        its plain attributes and its parents' fingerprints, or, without parents, its content (as
+        :func:`records_digest` samples it)."""
+        fields = {k: v for k, v in vars(self).items() if k not in ("_parents", "_fingerprint")}
+        parents = self.parents
+        content = records_digest(self.__getitems__, len(self)) if not parents else None
+        return (_qualified(type(self)), _plain(fields), tuple(p.fingerprint() for p in parents), content)
 
     def lengths(self, indices: Sequence[int] | np.ndarray) -> np.ndarray:
         """Token counts (``len(record["input_ids"])``) of the records at ``indices``, as int64."""
@@ -125,13 +181,101 @@ class Dataset:
         return self
 
     def __getitem__(self, key):
+        """``ds[i]`` a record (None where a filter rejected it), ``ds[a:b:c]`` a :meth:`slice` view,
+        ``ds[[i, j]]`` a list of records; out of range is an ``IndexError`` (Grain would wrap around)."""
+        if isinstance(key, slice):
+            return self.slice(key)
         idx = parse_index(key, len(self))
         if isinstance(idx, int):
             return self.__getitems__([idx])[0]
         return list(self.__getitems__(idx.tolist()))
 
-    def map(self, fn: Callable[[Any], Any], *, name: str | None = None, keeps_lengths: bool = False) -> "Dataset":
-        """A lazy view whose records are ``fn(record)``; see :class:`portable_loader.dataset.transforms.Map`.
+    def __iter__(self):
+        """The records in index order, skipping the None a filter leaves; lazy, so an infinite
+        (``repeat()``) dataset can be iterated too.
+
+        Example:
+            >>> from portable_loader.dataset import Dataset
+            >>> list(Dataset.range(6).filter(lambda x: x % 3 > 0))
+            [1, 2, 4, 5]
+        """
+        n, chunk = len(self), max(1, int(self._iter_chunk))
+        for lo in range(0, n, chunk):
+            for record in self.__getitems__(list(range(lo, min(n, lo + chunk)))):
+                if record is not None:
+                    yield record
+
+    # --- Grain's MapDataset constructors -------------------------------------------------------
+
+    @staticmethod
+    def source(obj) -> "Dataset":
+        """``MapDataset.source``: ``obj`` as a dataset (:func:`portable_loader.dataset.source`).
+
+        Example:
+            >>> list(Dataset.source(["a", "b"]))
+            ['a', 'b']
+        """
+        from portable_loader.dataset.sources import source
+
+        return source(obj)
+
+    @staticmethod
+    def range(start: int, stop: int | None = None, step: int = 1) -> "Dataset":
+        """``MapDataset.range``: the integers of ``range(start, stop, step)`` (:class:`~portable_loader.dataset.ranges.Range`).
+
+        Example:
+            >>> list(Dataset.range(2, 9, 3))
+            [2, 5, 8]
+        """
+        from portable_loader.dataset.ranges import Range
+
+        return Range(start, stop, step)
+
+    @staticmethod
+    def mix(datasets: Sequence, weights: Sequence[float] | None = None) -> "Dataset":
+        """``MapDataset.mix``: Grain's proportional interleaving, element for element (:mod:`~portable_loader.dataset.combine`).
+
+        Its length is the longest for which no dataset is read past its end. (``pl.mix`` is the
+        loader's exact-weight mixture of named sources, a different thing.)
+
+        Example:
+            >>> list(Dataset.mix([Dataset.range(5), Dataset.range(7, 10)]))
+            [0, 7, 1, 8, 2, 9]
+        """
+        from portable_loader.dataset.combine import mix_datasets
+
+        return mix_datasets(datasets, weights)
+
+    @staticmethod
+    def concatenate(datasets: Sequence) -> "Dataset":
+        """``MapDataset.concatenate``: the datasets one after the other.
+
+        Example:
+            >>> list(Dataset.concatenate([Dataset.range(3), Dataset.range(3, 5)]))
+            [0, 1, 2, 3, 4]
+        """
+        from portable_loader.dataset.combine import concatenate
+
+        return concatenate(datasets)
+
+    @staticmethod
+    def select_from_datasets(datasets: Sequence, selection_map) -> "Dataset":
+        """``MapDataset.select_from_datasets``: element ``i`` is ``datasets[d][k]`` for ``(d, k) = selection_map[i]``.
+
+        Example:
+            >>> list(Dataset.select_from_datasets([Dataset.range(3), Dataset.range(10, 13)], [(1, 0), (0, 2)]))
+            [10, 2]
+        """
+        from portable_loader.dataset.combine import select_from_datasets
+
+        return select_from_datasets(datasets, selection_map)
+
+    # --- transformations -----------------------------------------------------------------------
+
+    def map(self, transform, *, name: str | None = None, keeps_lengths: bool = False) -> "Dataset":
+        """A lazy view whose records are ``transform(record)``; see :class:`portable_loader.dataset.transforms.Map`.
+
+        ``transform`` is a callable or a Grain ``transforms.Map`` (its ``map`` method is called).
 
         Example:
             >>> from portable_loader.dataset import source
@@ -141,13 +285,13 @@ class Dataset:
         """
         from portable_loader.dataset.transforms import Map
 
-        return Map(self, fn, name=name, keeps_lengths=keeps_lengths)
+        return Map(self, transform, name=name, keeps_lengths=keeps_lengths)
 
-    def filter(self, pred: Callable[[Any], bool], *, name: str | None = None) -> "Dataset":
-        """A lazy view of the records for which ``pred`` is True (:class:`~portable_loader.dataset.transforms.Filter`).
+    def filter(self, transform, *, name: str | None = None) -> "Dataset":
+        """A lazy view of the records for which ``transform`` is True (:class:`~portable_loader.dataset.transforms.Filter`).
 
-        The loader skips rejected records as it plans, so batches stay full and a state stays a
-        stream position (docs/datasets.md).
+        ``transform`` is a predicate or a Grain ``transforms.Filter``. The loader skips rejected
+        records as it plans, so batches stay full and a state stays a stream position (docs/datasets.md).
 
         Example:
             >>> from portable_loader.dataset import source
@@ -157,10 +301,149 @@ class Dataset:
         """
         from portable_loader.dataset.transforms import Filter
 
-        return Filter(self, pred, name=name)
+        return Filter(self, transform, name=name)
+
+    def random_map(self, transform, *, seed: int | None = None, name: str | None = None) -> "Dataset":
+        """Records ``transform(record, rng)`` with ``rng`` a numpy ``Generator`` keyed by ``(seed, index)``
+        (:class:`~portable_loader.dataset.random_map.RandomMap`).
+
+        Example:
+            >>> a = Dataset.range(4).random_map(lambda x, rng: x + int(rng.integers(100)), seed=1)
+            >>> list(a) == list(Dataset.range(4).random_map(lambda x, rng: x + int(rng.integers(100)), seed=1))
+            True
+        """
+        from portable_loader.dataset.random_map import RandomMap
+
+        return RandomMap(self, transform, seed=seed, name=name)
+
+    def map_with_index(self, transform, *, name: str | None = None) -> "Dataset":
+        """Records ``transform(index, record)`` (:class:`~portable_loader.dataset.random_map.MapWithIndex`).
+
+        Example:
+            >>> list(Dataset.source(["a", "b"]).map_with_index(lambda i, x: x + str(i)))
+            ['a0', 'b1']
+        """
+        from portable_loader.dataset.random_map import MapWithIndex
+
+        return MapWithIndex(self, transform, name=name)
+
+    def shuffle(self, seed: int | None = None) -> "Dataset":
+        """The records in a keyed order, a fresh one per epoch (:class:`~portable_loader.dataset.shuffle.Shuffle`).
+
+        Example:
+            >>> sorted(Dataset.range(5).shuffle(seed=3)) == [0, 1, 2, 3, 4]
+            True
+        """
+        from portable_loader.dataset.shuffle import Shuffle
+
+        return Shuffle(self, seed=seed)
+
+    def slice(self, sl: slice) -> "Dataset":
+        """The records at the indices of ``sl``, as Python slices them (:class:`~portable_loader.dataset.slicing.Slice`).
+
+        Example:
+            >>> list(Dataset.range(10).slice(slice(8, 1, -3)))
+            [8, 5, 2]
+        """
+        from portable_loader.dataset.slicing import Slice
+
+        return Slice(self, sl)
+
+    def batch(self, batch_size: int, *, drop_remainder: bool = False, batch_fn=None) -> "Dataset":
+        """Consecutive records stacked along a new first axis (:class:`~portable_loader.dataset.batch.Batch`).
+
+        Example:
+            >>> list(Dataset.range(5).batch(2, drop_remainder=True))
+            [array([0, 1]), array([2, 3])]
+        """
+        from portable_loader.dataset.batch import Batch
+
+        return Batch(self, batch_size, drop_remainder=drop_remainder, batch_fn=batch_fn)
+
+    def repeat(self, num_epochs: int | None = None, *, reseed_each_epoch: bool = True) -> "Dataset":
+        """The records ``num_epochs`` times over, or endlessly (length ``sys.maxsize``) (:class:`~portable_loader.dataset.repeat.Repeat`).
+
+        Example:
+            >>> list(Dataset.range(3).repeat(2))
+            [0, 1, 2, 0, 1, 2]
+        """
+        from portable_loader.dataset.repeat import Repeat
+
+        return Repeat(self, num_epochs, reseed_each_epoch=reseed_each_epoch)
+
+    def seed(self, seed: int) -> "Dataset":
+        """This dataset, with ``seed`` as the seed that unseeded random transforms below derive theirs from
+        (:class:`~portable_loader.dataset.seeds.WithSeed`).
+
+        Example:
+            >>> sorted(Dataset.range(4).seed(0).shuffle())
+            [0, 1, 2, 3]
+        """
+        from portable_loader.dataset.seeds import WithSeed
+
+        return WithSeed(self, seed)
+
+    def apply(self, transformations) -> "Dataset":
+        """Grain transform objects (``Map``, ``RandomMap``, ``MapWithIndex``, ``Filter``, ``Batch``), applied in order.
+
+        Example:
+            >>> import grain
+            >>> class Twice(grain.transforms.Map):
+            ...     def map(self, x): return 2 * x
+            >>> list(Dataset.range(5).apply([Twice(), grain.transforms.Batch(2)]))
+            [array([0, 2]), array([4, 6]), array([8])]
+        """
+        from portable_loader.dataset.transforms import apply_transformations
+
+        return apply_transformations(self, transformations)
+
+    def pipe(self, func: Callable[..., Any], /, *args, **kwargs):
+        """``func(self, *args, **kwargs)``: a transformation written as a function, kept in a method chain.
+
+        Example:
+            >>> Dataset.range(6).pipe(lambda ds, k: ds[::k], 2)[2]
+            4
+        """
+        return func(self, *args, **kwargs)
+
+    def to_iter_dataset(self, read_options=None, *, allow_nones: bool = False):
+        """This dataset as a Grain-style ``IterDataset`` (:mod:`portable_loader.dataset.iter_dataset`)."""
+        from portable_loader.dataset.iter_dataset import to_iter_dataset
+
+        return to_iter_dataset(self, read_options, allow_nones=allow_nones)
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(records={len(self)}, fingerprint={self.fingerprint()})"
+
+
+def as_indices(indices) -> np.ndarray:
+    """``indices`` (a sequence or array of integers) as a flat int64 array.
+
+    Example:
+        >>> as_indices([3, 1]).tolist()
+        [3, 1]
+    """
+    return np.asarray(indices, dtype=np.int64).reshape(-1)
+
+
+def within(ds: Dataset, indices):
+    """``indices`` as ``ds`` takes them: unchanged where ``ds`` reads epochs (or all are in range),
+    else modulo ``len(ds)``, as Grain's source reads an index past its end.
+
+    Example:
+        >>> from portable_loader.dataset import source
+        >>> within(source([1, 2, 3]), [1, 4, 6]).tolist()
+        [1, 1, 0]
+    """
+    if ds.reads_epochs:
+        return indices
+    idx = as_indices(indices)
+    n = len(ds)
+    if idx.size and (idx.min() < 0 or idx.max() >= n):
+        if n == 0:
+            raise IndexError("cannot read from an empty dataset")
+        return idx % n
+    return indices
 
 
 # --- digests ------------------------------------------------------------------------------------

@@ -24,13 +24,15 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
-from typing import Any, Callable
+import numbers
+import sys
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from portable_loader.dataset.base import Dataset, function_identity
+from portable_loader.dataset.base import Dataset, function_identity, within
 
-__all__ = ["Filter", "Map"]
+__all__ = ["Filter", "Map", "apply_transformations", "as_function"]
 
 # What a transform passes through from its parent, only where the parent has it (a mixture's
 # ``locate`` and schedule checks): the loader looks these up with getattr.
@@ -38,10 +40,89 @@ _FORWARDED = frozenset({"locate", "schedule_digests", "schedule_change"})
 _MEMO_TOKENS = 1 << 21  # tokens of records a filter read for its predicate, kept for the fetch that follows
 
 
+def as_function(transform, method: str, kind: str, *, refuse: tuple[str, ...] = ()):
+    """The function ``transform`` stands for: the bound ``method`` of a Grain transform object
+    (``grain.transforms.Map`` -> ``.map``, ...), else ``transform`` itself when it is callable.
+
+    An object that is not callable but has ``method`` (a transform class of another Grain-like
+    library) counts as a transform too; one that has a ``refuse`` method instead (a ``RandomMap``
+    given to ``map``) is a ``TypeError`` naming the method to use, as Grain fails on it.
+
+    Example:
+        >>> import grain
+        >>> class Inc(grain.transforms.Map):
+        ...     def map(self, x): return x + 1
+        >>> as_function(Inc(), "map", "Map")(1), as_function(len, "map", "Map") is len
+        (2, True)
+    """
+    grain_transforms = sys.modules.get("grain._src.core.transforms")
+    grain_cls = getattr(grain_transforms, kind, None) if grain_transforms is not None else None
+    if grain_cls is not None and isinstance(transform, grain_cls):
+        return getattr(transform, method)
+    if callable(transform):
+        return transform
+    bound = getattr(transform, method, None)
+    if callable(bound) and not isinstance(transform, Dataset):
+        return bound
+    for other in refuse:
+        if callable(getattr(transform, other, None)):
+            raise TypeError(f"{method}() takes a callable or a {kind} transform, got {type(transform).__name__}, "
+                            f"whose {other}() needs ds.{other}(...)")
+    raise TypeError(f"{method}() takes a callable or a {kind} transform, got {type(transform).__name__}")
+
+
+def apply_transformations(ds: Dataset, transformations) -> Dataset:
+    """``ds.apply(...)``: Grain's ``apply_transformations`` over our datasets (one transform or a sequence).
+
+    ``Batch`` becomes ``ds.batch``, ``Map`` ``ds.map``, ``RandomMap`` ``ds.random_map``, ``MapWithIndex``
+    ``ds.map_with_index`` and ``Filter`` ``ds.filter``; anything else (``FlatMap`` included) is
+    ``NotImplementedError``, as Grain says of what it does not know.
+
+    Example:
+        >>> import grain
+        >>> from portable_loader.dataset import Dataset
+        >>> list(apply_transformations(Dataset.range(3), grain.transforms.Batch(2, drop_remainder=True)))
+        [array([0, 1])]
+    """
+    if not isinstance(transformations, Sequence):
+        transformations = (transformations,)
+    t = sys.modules.get("grain._src.core.transforms")
+    for tr in transformations:
+        kind = _grain_kind(tr, t) if t is not None else None
+        if kind is None:  # duck-typed, in Grain's order of precedence
+            kind = next((k for k, m in _KINDS if callable(getattr(tr, m, None))), None)
+            if kind is None and all(hasattr(tr, a) for a in ("batch_size", "drop_remainder")):
+                kind = "Batch"
+        if kind == "Batch":
+            ds = ds.batch(tr.batch_size, drop_remainder=tr.drop_remainder, batch_fn=getattr(tr, "batch_fn", None))
+        elif kind == "Map":
+            ds = ds.map(tr)
+        elif kind == "RandomMap":
+            ds = ds.random_map(tr)
+        elif kind == "MapWithIndex":
+            ds = ds.map_with_index(tr)
+        elif kind == "Filter":
+            ds = ds.filter(tr)
+        else:
+            raise NotImplementedError(f"Transformation type: {tr} is not supported.")
+    return ds
+
+
+_KINDS = (("Map", "map"), ("RandomMap", "random_map"), ("MapWithIndex", "map_with_index"), ("FlatMap", "flat_map"),
+          ("Filter", "filter"))
+
+
+def _grain_kind(tr, t) -> str | None:
+    if isinstance(tr, t.Batch):
+        return "Batch"
+    return next((k for k, _ in _KINDS if isinstance(tr, getattr(t, k))), None)
+
+
 class _Transform(Dataset):
     """A dataset over ``parent`` with the same indices, order, format and mixture lookups."""
 
     parent: Dataset
+    reads_epochs = True  # an index past the end goes to the parent as it is
 
     @property
     def format(self) -> str | None:
@@ -102,8 +183,7 @@ class Map(_Transform):
     _callable_attr = "fn"
 
     def __init__(self, parent: Dataset, fn: Callable[[Any], Any], *, name: str | None = None, keeps_lengths: bool = False):
-        if not callable(fn):
-            raise TypeError(f"map() takes a callable, got {type(fn).__name__}")
+        fn = as_function(fn, "map", "Map", refuse=("random_map", "map_with_index"))
         if name is not None and not isinstance(name, str):
             raise TypeError(f"map(name=...) must be a string, got {type(name).__name__}")
         self.parent, self.fn, self.name, self.keeps_lengths = parent, fn, name, bool(keeps_lengths)
@@ -116,7 +196,7 @@ class Map(_Transform):
         return self.parent.shard_rows  # one record out per record in: the parent's shards
 
     def __getitems__(self, indices) -> list:
-        records = self.parent.__getitems__(indices)
+        records = self.parent.__getitems__(within(self.parent, indices))
         out = [None if r is None else self.fn(r) for r in records]
         if self.keeps_lengths:
             for i, before, after in zip(indices, records, out):
@@ -128,10 +208,10 @@ class Map(_Transform):
         return out
 
     def lengths(self, indices) -> np.ndarray:
-        return self.parent.lengths(indices) if self.keeps_lengths else super().lengths(indices)
+        return self.parent.lengths(within(self.parent, indices)) if self.keeps_lengths else super().lengths(indices)
 
     def accepts(self, indices) -> np.ndarray:
-        return self.parent.accepts(indices)
+        return self.parent.accepts(within(self.parent, indices))
 
     def _with_parent(self, parent: Dataset) -> "Map":
         return Map(parent, self.fn, name=self.name, keeps_lengths=self.keeps_lengths)
@@ -144,8 +224,8 @@ class Filter(_Transform):
     ``MapDataset.filter``), and ``accepts(indices)`` says which indices survive. The loader, not the
     dataset, skips rejected records: it asks ``accepts`` for stream positions as it plans, so
     batches stay full, nothing like an index of survivors is ever built, and the loader state stays
-    a stream position (rejected positions included). ``pred`` must return a ``bool`` and be a pure
-    function of the record: it runs in the process that plans (the loader's main process) on every
+    a stream position (rejected positions included). ``pred`` must return a ``bool`` (or, as Grain
+    lets it, a number, read by its truth: ``lambda x: x % 2``) and be a pure function of the record: it runs in the process that plans (the loader's main process) on every
     record the stream passes over, and again in a worker on each record it fetches, where a
     record planned as accepted but now rejected raises.
 
@@ -162,14 +242,15 @@ class Filter(_Transform):
         >>> source([{"input_ids": [1]}]).filter(lambda r: r["input_ids"]).accepts([0])
         Traceback (most recent call last):
         ...
-        TypeError: filter <lambda> returned list for record 0; a predicate must return a bool
+        TypeError: filter <lambda> returned list for record 0; a predicate must return a bool or a number
+        >>> source([1, 2, 3]).filter(lambda x: x % 2).accepts([0, 1, 2]).tolist()
+        [True, False, True]
     """
 
     _callable_attr = "pred"
 
     def __init__(self, parent: Dataset, pred: Callable[[Any], bool], *, name: str | None = None):
-        if not callable(pred):
-            raise TypeError(f"filter() takes a callable, got {type(pred).__name__}")
+        pred = as_function(pred, "filter", "Filter")
         if name is not None and not isinstance(name, str):
             raise TypeError(f"filter(name=...) must be a string, got {type(name).__name__}")
         self.parent, self.pred, self.name = parent, pred, name
@@ -183,9 +264,10 @@ class Filter(_Transform):
 
     def _test(self, index: int, record) -> bool:
         ok = self.pred(record)
-        if not isinstance(ok, (bool, np.bool_)):
+        # A number's truth is plain; a container's (a token list, None from a missing return) is a bug.
+        if not isinstance(ok, (bool, np.bool_, numbers.Number, np.number)):
             raise TypeError(
-                f"{self.label} returned {type(ok).__name__} for record {index}; a predicate must return a bool"
+                f"{self.label} returned {type(ok).__name__} for record {index}; a predicate must return a bool or a number"
             )
         return bool(ok)
 
@@ -199,11 +281,11 @@ class Filter(_Transform):
             [False, True]
         """
         idx = np.asarray(indices, dtype=np.int64).reshape(-1)
-        ok = self.parent.accepts(idx) if self.parent.filters else np.ones(idx.size, dtype=bool)
+        ok = self.parent.accepts(within(self.parent, idx)) if self.parent.filters else np.ones(idx.size, dtype=bool)
         where = np.flatnonzero(ok)
         if where.size:
             keys = idx[where]
-            records = self.parent.__getitems__(keys)
+            records = self.parent.__getitems__(within(self.parent, keys))
             kept = []
             for j, i, record in zip(where.tolist(), keys.tolist(), records):
                 ok[j] = self._test(i, record)
@@ -228,14 +310,14 @@ class Filter(_Transform):
             out = [_copy(self._memo.get(i)) for i in keys]
         missing = [j for j, r in enumerate(out) if r is None]
         if missing:
-            read = self.parent.__getitems__(np.asarray([keys[j] for j in missing], dtype=np.int64))
+            read = self.parent.__getitems__(within(self.parent, np.asarray([keys[j] for j in missing], dtype=np.int64)))
             for j, record in zip(missing, read):
                 out[j] = record if record is not None and self._test(keys[j], record) else None
         return out
 
     def lengths(self, indices) -> np.ndarray:
         if self.parent.cheap_lengths:
-            return self.parent.lengths(indices)
+            return self.parent.lengths(within(self.parent, indices))
         idx = np.asarray(indices, dtype=np.int64).reshape(-1)
         with self._lock:
             known = [self._memo.get(i) for i in idx.tolist()]
@@ -245,7 +327,7 @@ class Filter(_Transform):
             if r is not None:
                 out[j] = len(r["input_ids"])
         if rest:  # a rejected record has a length too: its parent's
-            out[rest] = self.parent.lengths(idx[rest])
+            out[rest] = self.parent.lengths(within(self.parent, idx[rest]))
         return out
 
     def _with_parent(self, parent: Dataset) -> "Filter":

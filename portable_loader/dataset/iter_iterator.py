@@ -1,0 +1,232 @@
+"""The iterator of an ``IterDataset``: Grain's ``DatasetIterator`` API with a state that is a stream position.
+
+``iter(ds)`` compiles the pipeline into its running parts (:mod:`portable_loader.dataset.iter_runtime`)
+and wraps them in a :class:`DatasetIterator`. Its state (``get_state()``) is a JSON dict of fixed
+size:
+
+- ``version``: the format, 1;
+- ``pipeline``: the dataset's fingerprint (source, operations, functions, seeds, mixture weights;
+  not ``mp_prefetch``, ``read_options`` or ``batch_size``);
+- ``cursor``: the named stream-position fields, each a 20-digit decimal string:
+  ``"<n>.source.position"`` (the source index of the next element) per source,
+  ``"<n>.random_map.count"`` / ``"<n>.map_with_index.count"`` (elements that operation has seen)
+  and ``"<n>.mix.index"`` / ``"<n>.mix.stop"`` per mixture, ``<n>`` numbering the pipeline's nodes
+  from the sources up;
+- ``check``: a digest of the three, so an edited or damaged state is refused.
+
+Example:
+    >>> from portable_loader.dataset.iter_dataset import to_iter_dataset
+    >>> it = iter(to_iter_dataset(range(100)).filter(lambda x: x % 2).map_with_index(lambda i, x: (i, x)))
+    >>> next(it), next(it)
+    ((0, 1), (1, 3))
+    >>> sorted(it.get_state()["cursor"].items())
+    [('0.source.position', '00000000000000000004'), ('2.map_with_index.count', '00000000000000000002')]
+"""
+
+from __future__ import annotations
+
+import copy
+import itertools
+import sys
+from collections.abc import Mapping
+
+from portable_loader.dataset.base import digest
+from portable_loader.dataset.iter_dataset import (IterDataset, _BatchNode, _MixNode, _OpNode, _PrefetchNode, _SeedNode,
+                                                  _SourceNode)
+from portable_loader.dataset.iter_ops import Segment
+from portable_loader.dataset.iter_runtime import BatchIter, InlineExec, MixIter, OpIter, SourceIter
+from portable_loader.errors import StateError
+from portable_loader.lifecycle import Closing, close_at_exit
+
+__all__ = ["DatasetIterator"]
+
+STATE_VERSION = 1
+_WIDTH = 20  # digits of every integer in a state: 2**64 fits, and the size never depends on the position
+
+
+def _compile(root: IterDataset):
+    """The running parts for ``root``.
+
+    Nodes are numbered from the sources up (so adding a step downstream renames no field), skipping
+    ``seed`` and ``mp_prefetch``: field names, like the fingerprint, do not depend on them.
+    """
+    counter = itertools.count()
+
+    def seal(part):
+        if isinstance(part, SourceIter):
+            part.seal()
+        return part
+
+    def build(node, pool):
+        if isinstance(node, _SeedNode):
+            return build(node._parent, pool)
+        if isinstance(node, _PrefetchNode):
+            if node.num_workers == 0:
+                return build(node._parent, pool)
+            from portable_loader.dataset.mp_prefetch import WorkerPool
+
+            pool = WorkerPool(node.num_workers, node.buffer, node.worker_init_fn)
+            return seal(build(node._parent, pool))  # what follows runs here, as in Grain
+        if isinstance(node, _SourceNode):
+            if pool is not None:
+                from portable_loader.dataset.mp_prefetch import PoolExec
+
+                executor = PoolExec(pool)
+            else:
+                executor = InlineExec(threads=node.threads, buffer=node.buffer)
+            return SourceIter(f"{next(counter)}.source.position", node.ds, Segment(node.allow_nones), executor)
+        if isinstance(node, _OpNode):
+            child = build(node._parent, pool)
+            field, op = f"{next(counter)}.{node.op.kind}.count", copy.copy(node.op)  # its own generator per iterator
+            if isinstance(child, SourceIter) and child.open:
+                child.add(field, op)
+                return child
+            return OpIter(field, child, op)
+        if isinstance(node, _BatchNode):
+            child = seal(build(node._parent, pool))
+            next(counter)
+            return BatchIter(child, node.batch_size, node.drop_remainder, node.batch_fn)
+        if isinstance(node, _MixNode):
+            children = [seal(build(p, pool)) for p in node._parents]
+            return MixIter(f"{next(counter)}.mix", children, node.proportions)
+        raise TypeError(f"{type(node).__name__} is not a portable_loader IterDataset transformation")
+
+    return seal(build(root, None))
+
+
+class DatasetIterator(Closing):
+    """An iterator over an :class:`IterDataset` whose state is a stream position; built by ``iter(ds)``.
+
+    ``get_state()`` returns a JSON-serializable dict of fixed size (``version``, ``pipeline``: the
+    dataset's fingerprint, ``cursor``: the position fields as 20-digit strings, ``check``: a digest
+    of them); ``set_state(state)`` continues exactly where that state was taken, in O(1), at any
+    ``mp_prefetch`` worker count. A state of another pipeline, an edited one or anything that is not
+    a state raises :class:`portable_loader.errors.StateError`. ``close()`` (or ``with``, or garbage
+    collection, or interpreter exit) ends the worker processes and threads.
+
+    Example:
+        >>> import json
+        >>> from portable_loader.dataset.iter_dataset import to_iter_dataset
+        >>> ds = to_iter_dataset(range(10**8)).map(lambda x: x * 2)
+        >>> with iter(ds) as it:
+        ...     it.set_state(json.loads(json.dumps({**it.get_state(), "cursor": {"0.source.position": "%020d" % 10**7}})))
+        Traceback (most recent call last):
+        ...
+        portable_loader.errors.StateError: loader state: field 'check': does not match the state's fields: the state was edited or damaged
+        >>> with iter(ds) as it:
+        ...     _ = [next(it) for _ in range(3)]
+        ...     state = it.get_state()
+        >>> state["cursor"]
+        {'0.source.position': '00000000000000000003'}
+        >>> with iter(ds) as it:
+        ...     it.set_state(state)
+        ...     next(it)
+        6
+    """
+
+    def __init__(self, dataset: IterDataset):
+        self._closed = True  # until built: a failed build leaves nothing to close
+        self._dataset = dataset
+        self._pipeline = dataset.fingerprint()
+        self._root = _compile(dataset)
+        self._names = self._root.field_names()
+        self._closed = False
+        close_at_exit(self)
+        _register_with_grain()
+
+    def __iter__(self) -> "DatasetIterator":
+        return self
+
+    def __next__(self):
+        if self._closed:
+            raise ValueError("this DatasetIterator is closed")
+        return self._root.next()
+
+    def get_state(self) -> dict:
+        """The stream position after the last element returned, as a small JSON-serializable dict.
+
+        Example:
+            >>> from portable_loader.dataset.iter_dataset import to_iter_dataset
+            >>> it = iter(to_iter_dataset(range(5)).filter(lambda x: x > 2))
+            >>> next(it), it.get_state()["cursor"]
+            (3, {'0.source.position': '00000000000000000004'})
+        """
+        fields = self._root.fields()
+        cursor = {name: f"{int(fields[name]):0{_WIDTH}d}" for name in self._names}
+        return {"version": STATE_VERSION, "pipeline": self._pipeline, "cursor": cursor,
+                "check": _check(self._pipeline, cursor)}
+
+    def set_state(self, state: dict) -> None:
+        """Continue from ``state`` (from ``get_state``, at any worker count); refused unless it is this pipeline's.
+
+        Example:
+            >>> from portable_loader.dataset.iter_dataset import to_iter_dataset
+            >>> it = iter(to_iter_dataset(range(5)))
+            >>> it.set_state(iter(to_iter_dataset(range(6))).get_state())
+            Traceback (most recent call last):
+            ...
+            portable_loader.errors.StateError: loader state: field 'pipeline': the state was saved by another pipeline (...); a different source, operation, function or seed
+        """
+        if self._closed:
+            raise ValueError("this DatasetIterator is closed")
+        if not isinstance(state, Mapping):
+            raise StateError(None, f"expected the dict that get_state() returns, got {type(state).__name__}")
+        for key in ("version", "pipeline", "cursor", "check"):
+            if key not in state:
+                raise StateError(key, "missing")
+        if state["version"] != STATE_VERSION:
+            raise StateError("version", f"{state['version']!r} is not {STATE_VERSION}, the version this release reads")
+        if state["pipeline"] != self._pipeline:
+            raise StateError("pipeline", f"the state was saved by another pipeline ({state['pipeline']!r}, this one "
+                                         f"is {self._pipeline!r}); a different source, operation, function or seed")
+        cursor = state["cursor"]
+        if not isinstance(cursor, Mapping) or sorted(cursor) != sorted(self._names):
+            got = sorted(cursor) if isinstance(cursor, Mapping) else type(cursor).__name__
+            raise StateError("cursor", f"fields {got} are not this pipeline's {sorted(self._names)}")
+        fields = {}
+        for name in self._names:
+            value = cursor[name]
+            if not isinstance(value, str) or len(value) != _WIDTH or not value.isdigit() or not value.isascii():
+                raise StateError(name, f"{value!r} is not a {_WIDTH}-digit string")
+            fields[name] = int(value)
+        if state["check"] != _check(self._pipeline, {k: cursor[k] for k in self._names}):
+            raise StateError("check", "does not match the state's fields: the state was edited or damaged")
+        self._root.restore(fields, StateError)
+
+    def start_prefetch(self) -> None:
+        """Nothing to start ahead of the first ``next``: workers start then (kept for Grain's API).
+
+        Example:
+            >>> from portable_loader.dataset.iter_dataset import to_iter_dataset
+            >>> iter(to_iter_dataset([1])).start_prefetch()
+        """
+
+    def close(self) -> None:
+        """End the worker processes and reader threads; safe to call twice.
+
+        Example:
+            >>> from portable_loader.dataset.iter_dataset import to_iter_dataset
+            >>> it = iter(to_iter_dataset([1, 2]))
+            >>> it.close(); it.close()
+        """
+        if self._closed:
+            return
+        self._closed = True
+        self._root.close()
+
+
+def _register_with_grain() -> None:
+    """Make our iterators ``grain.DatasetIterator``s for ``isinstance``, once Grain is imported.
+
+    Grain's checkpoint handler (``grain.checkpoint.CheckpointHandler``, what Orbax uses) saves
+    ``json.dumps(it.get_state())`` only for its ``DatasetIterator``s; anything else must return
+    bytes. Importing Grain here would import JAX (Grain's pytrees use it when installed), which the
+    core must not, so this registers only where the user's code has imported Grain already.
+    """
+    grain_ds = sys.modules.get("grain._src.python.dataset.dataset")
+    if grain_ds is not None and not issubclass(DatasetIterator, grain_ds.DatasetIterator):
+        grain_ds.DatasetIterator.register(DatasetIterator)
+
+
+def _check(pipeline: str, cursor: dict) -> str:
+    return digest("IterDataset state", STATE_VERSION, pipeline, sorted(cursor.items()))

@@ -1,0 +1,391 @@
+"""The running parts of an ``IterDataset`` iterator, one per node of the pipeline.
+
+Every part offers ``next()``, ``fields()`` (its share of the state: named integers) and
+``restore(fields)``. The state is taken *between* elements, where nothing is half done: a source
+reports the position after the last element it handed on (plus the ordinal counts of its
+operations), a batch holds nothing between batches, a main-process operation its ordinal count, a
+mixture its index. So the state is a stream position of fixed size, and restoring it recomputes what
+follows instead of replaying what came before.
+
+Example:
+    >>> from portable_loader.dataset import source
+    >>> from portable_loader.dataset.iter_ops import ElementOp, Segment
+    >>> seg = Segment(allow_nones=False)
+    >>> seg.add("1.filter.count", ElementOp("filter", lambda x: x % 2 == 1))
+    >>> src = SourceIter("0.source.position", source(list(range(10))), seg, InlineExec(chunk=3))
+    >>> src.seal()
+    >>> it = BatchIter(src, 2, drop_remainder=False, batch_fn=list)
+    >>> it.next(), it.fields()
+    ([1, 3], {'0.source.position': 4})
+    >>> it.restore({'0.source.position': 8}, ValueError); it.next()
+    [9]
+"""
+
+from __future__ import annotations
+
+import collections
+from concurrent import futures
+from typing import Callable, Sequence
+
+from portable_loader.dataset.batch import stack
+from portable_loader.dataset.iter_ops import ElementOp, Segment, apply_one, read_chunk, run_chunk, run_slowly
+
+__all__ = ["BatchIter", "InlineExec", "MixIter", "OpIter", "SourceIter", "mix_choice", "int_proportions"]
+
+INLINE_CHUNK = 64  # positions per batched read in this process
+
+
+class Chunk:
+    """What an executor hands a source: surviving elements of ``[a, end)`` and the counts at ``end``.
+
+    ``error``: an exception to raise after the elements (which are those before the failing one).
+
+    Example:
+        >>> Chunk([0, 2], ["a", "c"], [[], []], 3, []).end
+        3
+    """
+
+    __slots__ = ("pos", "elems", "ords", "end", "running", "error")
+
+    def __init__(self, pos, elems, ords, end, running, error=None):
+        self.pos, self.elems, self.ords, self.end, self.running, self.error = pos, elems, ords, end, running, error
+
+
+class InlineExec:
+    """Runs a source's segment in this process, a chunk at a time.
+
+    With ``threads > 0`` and ``buffer > 0`` (``grain.ReadOptions``), a thread pool reads the next
+    chunks (``ds.__getitems__``: the ``MapDataset`` part) while this thread runs the operations; the
+    reads are pure, so what they return does not depend on the threads. The pool is created on first
+    use and shut down by ``close``.
+
+    Example:
+        >>> from portable_loader.dataset import source
+        >>> seg = Segment(allow_nones=False); seg.seal()
+        >>> ex = InlineExec(chunk=2, threads=2, buffer=4)
+        >>> ex.bind(source([1, None, 3]), seg); ex.restart(0, [])
+        >>> ex.next_chunk().elems, ex.next_chunk().elems, ex.next_chunk()
+        ([1], [3], None)
+        >>> ex.close()
+    """
+
+    def __init__(self, chunk: int = INLINE_CHUNK, threads: int = 0, buffer: int = 0):
+        self.chunk = max(1, int(chunk))
+        self.depth = -(-int(buffer) // self.chunk) if threads > 0 and buffer > 0 else 0
+        self.threads = min(int(threads), self.depth)
+        self._pool: futures.ThreadPoolExecutor | None = None
+        self._ahead: collections.deque = collections.deque()
+
+    def bind(self, ds, seg: Segment) -> None:
+        self.ds, self.seg, self.n = ds, seg, len(ds)
+
+    def restart(self, pos: int, running: list) -> None:
+        self._cancel()
+        self.next_pos, self.running = pos, list(running)
+
+    def _cancel(self) -> None:
+        while self._ahead:
+            self._ahead.popleft()[2].cancel()
+
+    def _read_ahead(self, a: int):
+        """The read of the chunk at ``a`` (from the pool when it was read ahead), after queueing the next ones."""
+        if not self.depth:
+            return None
+        if self._pool is None:
+            self._pool = futures.ThreadPoolExecutor(self.threads, thread_name_prefix="portable_loader-read")
+        if self._ahead and self._ahead[0][0] != a:
+            self._cancel()
+        nxt = self._ahead[-1][1] if self._ahead else a
+        while len(self._ahead) < self.depth and nxt < self.n:
+            b = min(nxt + self.chunk, self.n)
+            self._ahead.append((nxt, b, self._pool.submit(read_chunk, self.ds, self.seg.allow_nones, nxt, b)))
+            nxt = b
+        return self._ahead.popleft()[2]
+
+    def next_chunk(self) -> Chunk | None:
+        a = self.next_pos
+        if a >= self.n:
+            return None
+        b = min(a + self.chunk, self.n)
+        pending = self._read_ahead(a)
+        try:
+            read = pending.result() if pending is not None else None
+            pos, elems, ords, running = run_chunk(self.ds, self.seg, a, b, self.running, read)
+        except Exception:  # noqa: BLE001 - run it again element by element to raise at the right one
+            self._cancel()
+            pos, elems, ords, running, error = run_slowly(self.ds, self.seg, a, b, self.running)
+            if error is not None:
+                return Chunk(pos, elems, ords, b, running, error)
+        self.next_pos, self.running = b, running
+        return Chunk(pos, elems, ords, b, running)
+
+    def close(self) -> None:
+        self._cancel()
+        if self._pool is not None:
+            self._pool.shutdown(wait=True, cancel_futures=True)
+            self._pool = None
+
+
+class SourceIter:
+    """``to_iter_dataset`` plus the per-element operations that follow it (its :class:`Segment`).
+
+    ``executor`` computes chunks: :class:`InlineExec` here, or a worker pool's stream
+    (:mod:`portable_loader.dataset.mp_prefetch`). The state is the position after the last element
+    handed on and the ordinal counts there; elements computed ahead of it are simply recomputed
+    after a restore.
+
+    Example:
+        >>> from portable_loader.dataset import source
+        >>> src = SourceIter("0.source.position", source(list(range(5))), Segment(allow_nones=False), InlineExec())
+        >>> src.add("1.map_with_index.count", ElementOp("map_with_index", lambda i, x: (i, x)))
+        >>> src.seal()
+        >>> src.next(), src.next(), src.fields()
+        ((0, 0), (1, 1), {'0.source.position': 2, '1.map_with_index.count': 2})
+    """
+
+    def __init__(self, field: str, ds, seg: Segment, executor):
+        self.field, self.ds, self.seg, self.executor = field, ds, seg, executor
+        self.n = len(ds)
+        self._buf: collections.deque = collections.deque()
+        self._error: BaseException | None = None
+        self._started = False
+        self.pos, self.running = 0, []
+
+    @property
+    def open(self) -> bool:
+        """Whether element operations can still join the segment."""
+        return not self.seg.sealed
+
+    def add(self, field: str, op: ElementOp) -> None:
+        self.seg.add(field, op)
+
+    def seal(self) -> None:
+        if not self.seg.sealed:
+            self.seg.seal()
+            self.running = [0] * self.seg.num_counts
+            self.executor.bind(self.ds, self.seg)
+
+    def _start(self) -> None:
+        self._started = True
+        self.executor.restart(self.pos, self.running)
+
+    def next(self):
+        if not self._started:
+            self._start()
+        while not self._buf:
+            if self._error is not None:
+                error, self._error = self._error, None
+                self.executor.restart(self.pos, self.running)  # the next call tries the failed element again
+                raise error
+            chunk = self.executor.next_chunk()
+            if chunk is None:
+                self.pos = max(self.pos, self.n)
+                self.running = list(self.executor.running)
+                raise StopIteration
+            self._buf.extend(zip(chunk.pos, chunk.elems, chunk.ords))
+            self._error = chunk.error
+            if not chunk.pos and chunk.error is None:  # all dropped: nothing to recompute before `end`
+                self.pos, self.running = chunk.end, list(chunk.running)
+        p, element, ords = self._buf.popleft()
+        self.pos, self.running = p + 1, [o + 1 for o in ords]
+        return element
+
+    def fields(self) -> dict:
+        out = {self.field: self.pos}
+        for field, r in self.seg.field_rank.items():
+            out[field] = self.running[r]
+        return out
+
+    def field_names(self) -> list[str]:
+        return [self.field, *self.seg.field_rank]
+
+    def restore(self, fields: dict, refuse: Callable[[str, str], Exception]) -> None:
+        pos = fields[self.field]
+        if pos > self.n:
+            raise refuse(self.field, f"position {pos} is past the end of the dataset ({self.n} records)")
+        running: list = [None] * self.seg.num_counts
+        for field, r in self.seg.field_rank.items():
+            value = fields[field]
+            if value > pos:
+                raise refuse(field, f"count {value} exceeds the source position {pos}")
+            if running[r] is not None and running[r] != value:
+                raise refuse(field, f"count {value} differs from {running[r]}, which the same elements reach")
+            running[r] = value
+        self._buf.clear()
+        self._error = None
+        self.pos, self.running = pos, running
+        self._started = True
+        self.executor.restart(pos, running)
+
+    def close(self) -> None:
+        self.executor.close()
+
+
+class OpIter:
+    """A per-element operation run in this process (after a batch, a mixture or ``mp_prefetch``).
+
+    Example:
+        >>> from portable_loader.dataset import source
+        >>> src = SourceIter("0.source.position", source([1, 2, 3]), Segment(allow_nones=False), InlineExec())
+        >>> src.seal()
+        >>> it = OpIter("1.map_with_index.count", src, ElementOp("map_with_index", lambda i, x: i * 10 + x))
+        >>> it.next(), it.next(), it.fields()
+        (1, 12, {'0.source.position': 2, '1.map_with_index.count': 2})
+    """
+
+    def __init__(self, field: str, child, op: ElementOp):
+        self.field, self.child, self.op = field, child, op
+        self.count = 0
+
+    def next(self):
+        while True:
+            element = self.child.next()
+            ordinal = self.count
+            self.count += 1
+            keep, element = apply_one(self.op, element, ordinal if self.op.ordinal else None)
+            if keep:
+                return element
+
+    def fields(self) -> dict:
+        out = self.child.fields()
+        if self.op.ordinal:
+            out[self.field] = self.count
+        return out
+
+    def field_names(self) -> list[str]:
+        return self.child.field_names() + ([self.field] if self.op.ordinal else [])
+
+    def restore(self, fields: dict, refuse) -> None:
+        self.child.restore(fields, refuse)
+        self.count = fields[self.field] if self.op.ordinal else 0
+
+    def close(self) -> None:
+        self.child.close()
+
+
+class BatchIter:
+    """Grain's ``IterDataset.batch``: ``batch_size`` elements per batch, stacked by
+    :func:`portable_loader.dataset.batch.stack` (Grain's ``make_batch``) unless ``batch_fn`` is given;
+    nothing is held between batches, so the state is the source's position.
+
+    Example:
+        >>> from portable_loader.dataset import source
+        >>> src = SourceIter("0.source.position", source([1, 2, 3]), Segment(allow_nones=False), InlineExec())
+        >>> src.seal()
+        >>> it = BatchIter(src, 2, drop_remainder=True, batch_fn=None)
+        >>> it.next().tolist(), it.fields()
+        ([1, 2], {'0.source.position': 2})
+    """
+
+    def __init__(self, child, batch_size: int, drop_remainder: bool, batch_fn):
+        self.child, self.batch_size, self.drop_remainder = child, batch_size, drop_remainder
+        self.batch_fn = batch_fn
+
+    def next(self):
+        values = []
+        for _ in range(self.batch_size):
+            try:
+                values.append(self.child.next())
+            except StopIteration:
+                if self.drop_remainder:
+                    raise
+                break
+        if not values:
+            raise StopIteration
+        return stack(values, self.batch_fn)
+
+    def fields(self) -> dict:
+        return self.child.fields()
+
+    def field_names(self) -> list[str]:
+        return self.child.field_names()
+
+    def restore(self, fields: dict, refuse) -> None:
+        self.child.restore(fields, refuse)
+
+    def close(self) -> None:
+        self.child.close()
+
+
+def int_proportions(weights: Sequence[float], scale_min_to: int = 100) -> list[int]:
+    """Grain's integer proportions for ``IterDataset.mix``: scaled so the smallest is 100, truncated.
+
+    Example:
+        >>> int_proportions([0.7, 0.3])
+        [233, 100]
+    """
+    scale = scale_min_to / min(weights)
+    return [int(p * scale) for p in weights]
+
+
+def mix_choice(k: int, proportions: Sequence[int]) -> int:
+    """Which dataset gives element ``k`` of Grain's ``IterDataset.mix`` (its exact integer rule).
+
+    Example:
+        >>> [mix_choice(k, (1, 1)) for k in range(6)]
+        [0, 1, 0, 1, 0, 1]
+    """
+    remaining = sum(proportions)
+    cur, cur1 = k, k + 1
+    for i, p in enumerate(proportions):
+        nxt = (cur * (remaining - p)) // remaining
+        nxt1 = (cur1 * (remaining - p)) // remaining
+        if cur - nxt != cur1 - nxt1:
+            return i
+        remaining -= p
+        cur, cur1 = nxt, nxt1
+    raise AssertionError("mix_choice: no dataset chosen")  # unreachable for positive proportions
+
+
+class MixIter:
+    """Grain's ``IterDataset.mix``: a fixed interleaving by integer proportions; ends when any input ends.
+
+    Example:
+        >>> from portable_loader.dataset import source
+        >>> parts = [SourceIter(f"{i}.source.position", source(d), Segment(allow_nones=False), InlineExec())
+        ...          for i, d in enumerate([[1, 2, 3], [10, 20]])]
+        >>> for p in parts: p.seal()
+        >>> it = MixIter("2.mix", parts, [100, 100])
+        >>> [it.next() for _ in range(4)], it.fields()["2.mix.index"]
+        ([1, 10, 2, 20], 4)
+    """
+
+    def __init__(self, field: str, children: list, proportions: Sequence[int]):
+        self.field, self.children, self.proportions = field, children, tuple(proportions)
+        self.index, self.stop = 0, False
+
+    def next(self):
+        if self.stop:
+            raise StopIteration
+        i = mix_choice(self.index, self.proportions)
+        self.index += 1
+        try:
+            return self.children[i].next()
+        except Exception:
+            self.stop = True  # as Grain: once any input ends (or fails), the mixture has ended
+            raise
+
+    def fields(self) -> dict:
+        out = {f"{self.field}.index": self.index, f"{self.field}.stop": int(self.stop)}
+        for c in self.children:
+            out.update(c.fields())
+        return out
+
+    def field_names(self) -> list[str]:
+        names = [f"{self.field}.index", f"{self.field}.stop"]
+        for c in self.children:
+            names += c.field_names()
+        return names
+
+    def restore(self, fields: dict, refuse) -> None:
+        stop = fields[f"{self.field}.stop"]
+        if stop not in (0, 1):
+            raise refuse(f"{self.field}.stop", f"must be 0 or 1, got {stop}")
+        for c in self.children:
+            c.restore(fields, refuse)
+        self.index, self.stop = fields[f"{self.field}.index"], bool(stop)
+
+    def close(self) -> None:
+        for c in self.children:
+            c.close()
+
