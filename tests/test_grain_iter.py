@@ -28,7 +28,7 @@ from portable_loader.dataset import Dataset, source
 from portable_loader.dataset import iter_iterator as iterator_mod
 from portable_loader.dataset import mp_prefetch as mp_mod
 from portable_loader.dataset.iter_dataset import DatasetIterator, IterDataset, to_iter_dataset
-from portable_loader.dataset.iter_ops import _reset_rng
+from portable_loader.dataset.random_map import keyed
 from portable_loader.engine.threads import WorkerError
 from portable_loader.errors import StateError
 
@@ -314,7 +314,7 @@ def test_state_is_small_and_of_fixed_size_and_far_set_state_is_o1():
     rng = np.random.Generator(np.random.Philox(2))
     first = []
     for k in range(10**7, 10**7 + 4):                            # Grain's generator for element k
-        _reset_rng(rng, k)
+        keyed(rng, k)
         first.append(k + rng.integers(0, 1000) + 7 * k)
     assert batch.tolist() == first
     later = fresh.get_state()

@@ -37,6 +37,7 @@ from typing import Any, Callable
 import numpy as np
 
 from portable_loader.dataset.base import function_identity
+from portable_loader.dataset.random_map import keyed
 
 __all__ = ["ElementOp", "Segment", "read_chunk", "run_chunk", "run_slowly"]
 
@@ -67,17 +68,6 @@ def resolve_transform(kind: str, transform) -> Callable:
     if callable(transform):
         return transform
     raise TypeError(f"{kind}() takes a callable or a grain.transforms.{_KINDS[kind]}, got {type(transform).__name__}")
-
-
-def _reset_rng(rng: np.random.Generator, index: int) -> None:
-    """Grain's reset of a Philox generator to the counter of element ``index`` (its ``_reset_rng_state``)."""
-    state = rng.bit_generator.state
-    state["state"]["counter"] = np.array([0, 0, 0, index], dtype=np.uint64)
-    state["buffer"] = np.array([0, 0, 0, 0], dtype=np.uint64)
-    state["buffer_pos"] = 4
-    state["has_uint32"] = 0
-    state["uinteger"] = 0
-    rng.bit_generator.state = state
 
 
 class ElementOp:
@@ -124,7 +114,7 @@ class ElementOp:
         rng, out = self._rng, []
         for k, e in zip(ords, elems):
             if e is not None:
-                _reset_rng(rng, k)
+                keyed(rng, k)
                 e = fn(e, rng)
             out.append(e)
         return out

@@ -42,7 +42,7 @@ import traceback
 
 from portable_loader.dataset.iter_ops import Segment, read_chunk, run_slowly
 from portable_loader.dataset.iter_runtime import Chunk
-from portable_loader.engine.processes import _RESET_SIGNALS, _die_with_forking_thread, _end_processes
+from portable_loader.engine.processes import _RESET_SIGNALS, _die_with_forking_thread, end_workers
 from portable_loader.engine.threads import WorkerError
 from portable_loader.errors import CacheError
 from portable_loader.lifecycle import hook_last, pid_alive
@@ -249,18 +249,7 @@ class WorkerPool:
     def close(self) -> None:
         self.closed = True
         procs, self._procs = self._procs, []
-        for box in self._inboxes:
-            try:
-                box.put(None)
-            except (ValueError, OSError):
-                pass
-        _end_processes(procs)
-        for box in self._inboxes:
-            box.close()
-            box.cancel_join_thread()  # unsent tasks of a stopped stream are not needed
-        for box in self._outboxes:
-            box.close()
-            box.join_thread()
+        end_workers(procs, self._inboxes, self._outboxes)
         self._inboxes, self._outboxes, self._early, self._stale = [], [], {}, set()
 
 

@@ -30,7 +30,7 @@ from portable_loader.dataset.transforms import _Transform, as_function
 __all__ = ["MapWithIndex", "RandomMap"]
 
 
-def _keyed(rng: np.random.Generator, index: int) -> np.random.Generator:
+def keyed(rng: np.random.Generator, index: int) -> np.random.Generator:
     """``rng`` reset to the stream of ``index``: Grain's ``_reset_rng_state`` (op_seed 0)."""
     state = rng.bit_generator.state
     state["state"]["counter"] = np.array([0, 0, 0, index], dtype=np.uint64)
@@ -89,7 +89,7 @@ class RandomMap(_IndexedTransform):
 
     def _apply(self, indices: list, records: list) -> list:
         rng = np.random.Generator(np.random.Philox(self._seed))
-        return [None if r is None else self.fn(r, _keyed(rng, i)) for i, r in zip(indices, records)]
+        return [None if r is None else self.fn(r, keyed(rng, i)) for i, r in zip(indices, records)]
 
     def _identity(self) -> tuple:
         return (*super()._identity(), "seed", self._seed)

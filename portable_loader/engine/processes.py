@@ -113,6 +113,22 @@ def _join_all(procs, seconds: float) -> None:
         p.join(timeout=max(0.0, deadline - time.monotonic()))
 
 
+def end_workers(procs: list, inboxes: list, outboxes: list) -> None:
+    """Ask each worker to stop (None on its inbox), end the processes, and close their queues."""
+    for box in inboxes:
+        try:
+            box.put(None)
+        except (ValueError, OSError):  # a queue already closed
+            pass
+    _end_processes(procs)
+    for box in inboxes:
+        box.close()
+        box.cancel_join_thread()  # unsent tasks of a stopped stream are not needed
+    for box in outboxes:
+        box.close()
+        box.join_thread()
+
+
 def _end_processes(procs) -> None:
     """Join ``procs`` (already sent their stop message); SIGTERM those still running, then SIGKILL.
 
@@ -216,18 +232,7 @@ class ProcessEngine:
 
     def close(self) -> None:
         procs, self._procs = self._procs, []
-        for box in self._inboxes:
-            try:
-                box.put(None)
-            except (ValueError, OSError):
-                pass
-        _end_processes(procs)
-        for box in self._inboxes:
-            box.close()
-            box.cancel_join_thread()  # unsent plans of a stopped stream are not needed
-        for box in self._outboxes:
-            box.close()
-            box.join_thread()
+        end_workers(procs, self._inboxes, self._outboxes)
         self._inboxes, self._outboxes, self._sent, self._early = [], [], [], {}
         self._ended = True
         if self._ahead is not None:
