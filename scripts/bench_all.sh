@@ -28,6 +28,7 @@ declare -A QUICK_ARGS=(
   [tokenized]="--rows 2000"
   [mix]="--steps 100 --positions 100000"
   [peers]="--records 20000 --rounds 1 --steps 200 --worker-steps 100 --resume-step 500"
+  [grain]="--quick"
 )
 if [ $# -gt 0 ]; then names=("$@"); else
   names=(); for f in scripts/bench_*.py; do n=${f#scripts/bench_}; names+=("${n%.py}"); done

@@ -266,25 +266,9 @@ class IterDataset:
             >>> [b.tolist() for b in to_iter_dataset(range(5)).apply([AddOne(), grain.transforms.Batch(2)])]
             [[1, 2], [3, 4], [5]]
         """
-        from grain._src.core import transforms as gt
+        from portable_loader.dataset.transforms import apply_transformations
 
-        if not isinstance(transformations, Sequence):
-            transformations = (transformations,)
-        ds = self
-        for t in transformations:
-            if isinstance(t, gt.Batch):
-                ds = ds.batch(t.batch_size, drop_remainder=t.drop_remainder, batch_fn=t.batch_fn)
-            elif isinstance(t, gt.Map):
-                ds = ds.map(t)
-            elif isinstance(t, gt.RandomMap):
-                ds = ds.random_map(t)
-            elif isinstance(t, gt.MapWithIndex):
-                ds = ds.map_with_index(t)
-            elif isinstance(t, gt.Filter):
-                ds = ds.filter(t)
-            else:
-                raise NotImplementedError(f"Transformation type: {t} is not supported.")
-        return ds
+        return apply_transformations(self, transformations)  # the same methods on both kinds of dataset
 
     def pipe(self, func: Callable[..., Any], /, *args, **kwargs) -> Any:
         """``func(self, *args, **kwargs)``: method chaining with functions that are not methods.

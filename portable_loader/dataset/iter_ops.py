@@ -67,6 +67,9 @@ def resolve_transform(kind: str, transform) -> Callable:
         return getattr(transform, _METHODS[kind])
     if callable(transform):
         return transform
+    method = getattr(transform, _METHODS[kind], None)  # a transform of another library, as MapDataset takes it
+    if callable(method):
+        return method
     raise TypeError(f"{kind}() takes a callable or a grain.transforms.{_KINDS[kind]}, got {type(transform).__name__}")
 
 

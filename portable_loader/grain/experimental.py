@@ -1,0 +1,134 @@
+"""``grain.experimental``: ``index_shuffle``, ``batch_and_pad``, ``apply_transformations`` and the transform aliases.
+
+The rest of Grain's experimental names raise :class:`~portable_loader.grain._unsupported.NotSupportedError`
+when used, saying whether they are planned (packing, concat-then-split, ``ElasticIterator``,
+``FlatMap`` datasets) or why they are left out (docs/grain.md has the table).
+
+Example:
+    >>> from portable_loader.grain import experimental
+    >>> sorted(experimental.index_shuffle(i, max_index=9, seed=5, rounds=4) for i in range(10))
+    [0, 1, 2, 3, 4, 5, 6, 7, 8, 9]
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any, Sequence
+
+import numpy as np
+
+from portable_loader.dataset.batch import _tree_map, stack
+from portable_loader.dataset.transforms import apply_transformations
+from portable_loader.grain._unsupported import PLANNED, missing_name
+from portable_loader.grain.transforms import FlatMap as FlatMapTransform
+from portable_loader.grain.transforms import MapWithIndex as MapWithIndexTransform
+from portable_loader.sampler import LCGSampler, _splitmix64
+
+__all__ = ["FlatMapTransform", "MapWithIndexTransform", "apply_transformations", "batch_and_pad", "index_shuffle"]
+
+_NOT = "not supported"
+#: Grain 0.2.18's other ``grain.experimental`` names: (status, why).
+MISSING = {
+    "FirstFitPackIterDataset": (PLANNED, "packing as an IterDataset step; pl.DataLoader(packing=True) packs today"),
+    "BestFitPackIterDataset": (PLANNED, "packing as an IterDataset step; pl.DataLoader(packing=True) packs today"),
+    "ConcatThenSplitIterDataset": (PLANNED, "concatenate-then-split packing with a position state"),
+    "BOSHandling": (PLANNED, "comes with ConcatThenSplitIterDataset"),
+    "ElasticIterator": (PLANNED, "DataLoader's position sharding already resumes on any shard count"),
+    "FlatMapMapDataset": (PLANNED, "comes with FlatMap support"),
+    "FlatMapIterDataset": (PLANNED, "comes with FlatMap support"),
+    "CacheIterDataset": (_NOT, "tokenize once with pl.precache and read the cache instead"),
+    "DatasetOptions": (_NOT, "options of Grain's own execution engine"),
+    "ExecutionTrackingMode": (_NOT, "options of Grain's own execution engine"),
+    "InterleaveIterDataset": (_NOT, "combine random-access sources with MapDataset.mix / concatenate instead"),
+    "LimitIterDataset": (_NOT, "take a prefix of the MapDataset (ds[:n]) or itertools.islice the iterator"),
+    "PackAndBatchOperation": (_NOT, "an operation of Grain's legacy DataLoader; pl.DataLoader(packing=True) packs"),
+    "ParquetIterDataset": (_NOT, "pl.source / pl.precache read Parquet files as random-access datasets"),
+    "TFRecordIterDataset": (_NOT, "TFRecord is sequential only; convert it, or use ArrayRecord"),
+    "PerformanceConfig": (_NOT, "autotuning of Grain's own engine"),
+    "pick_performance_config": (_NOT, "autotuning of Grain's own engine"),
+    "RebatchIterDataset": (_NOT, "batch the unbatched stream instead"),
+    "RepeatIterDataset": (_NOT, "use MapDataset.repeat before to_iter_dataset"),
+    "RngPool": (_NOT, "random_map draws from a generator keyed by the element; no pool is needed"),
+    "ShapeDtypeStruct": (_NOT, "element specs are not computed here"),
+    "ShapeDtypeStructProtocol": (_NOT, "element specs are not computed here"),
+    "get_element_spec": (_NOT, "element specs are not computed here"),
+    "ThreadPrefetchIterDataset": (_NOT, "to_iter_dataset(read_options=ReadOptions(...)) reads ahead with threads"),
+    "ThreadPrefetchDatasetIterator": (_NOT, "to_iter_dataset(read_options=ReadOptions(...)) reads ahead with threads"),
+    "multithread_prefetch": (_NOT, "to_iter_dataset(read_options=ReadOptions(...)) reads ahead with threads"),
+    "WindowShuffleIterDataset": (_NOT, "MapDataset.shuffle is a global shuffle in O(1) memory here"),
+    "WindowShuffleMapDataset": (_NOT, "MapDataset.shuffle is a global shuffle in O(1) memory here"),
+    "WithOptionsIterDataset": (_NOT, "options of Grain's own execution engine"),
+    "ZipIterDataset": (_NOT, "read two random-access datasets at one index with map_with_index instead"),
+    "ZipMapDataset": (_NOT, "read two random-access datasets at one index with map_with_index instead"),
+    "assert_equal_output_after_checkpoint": (_NOT, "a Grain test helper; tests/test_grain_api.py checks resumes"),
+    "device_put": (_NOT, "portable_loader.adapters.jax.JaxLoader puts batches on devices"),
+    "get_next_index": (_NOT, "a state here is a position: DatasetIterator.get_state()"),
+    "set_next_index": (_NOT, "a state here is a position: DatasetIterator.set_state()"),
+}
+
+
+def __getattr__(name: str):
+    if name in MISSING:
+        raise missing_name("grain.experimental", name, *MISSING[name])
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+@functools.lru_cache(maxsize=16)
+def _permutation(n: int, key: int) -> LCGSampler:
+    return LCGSampler(n, seed=key)
+
+
+def index_shuffle(index: int, max_index: int, seed: int, rounds: int) -> int:
+    """Grain's ``index_shuffle``: the image of ``index`` under a keyed bijection of ``[0, max_index]`` (both ends included).
+
+    Built on portable_loader's LCG permutation (docs/sampler.md), so it is a bijection for every
+    ``max_index`` (Grain's loses a record at some sizes), but the order differs from Grain's.
+    ``rounds`` is checked as Grain checks it (an even integer in [4, 1024]) and keys the
+    permutation with ``seed`` (a 32-bit integer); the mixing itself always runs its own rounds.
+    With ``rounds=4`` it is epoch 0 of ``LCGSampler(max_index + 1, seed=seed)``.
+
+    Example:
+        >>> from portable_loader import LCGSampler
+        >>> index_shuffle(3, max_index=99, seed=7, rounds=4) == int(LCGSampler(100, seed=7).record_indices([3])[0])
+        True
+        >>> index_shuffle(10, max_index=9, seed=0, rounds=4)
+        Traceback (most recent call last):
+        ...
+        ValueError: index must be in [0, max_index], but got index = 10 and max_index = 9
+    """
+    for name, v in (("index", index), ("max_index", max_index), ("seed", seed), ("rounds", rounds)):
+        if isinstance(v, bool) or not isinstance(v, (int, np.integer)):
+            raise TypeError(f"index_shuffle(): {name} must be an integer, got {type(v).__name__}")
+    if not 0 <= seed < 1 << 32:
+        raise TypeError(f"index_shuffle(): seed must be a 32-bit unsigned integer, got {seed}")
+    if rounds % 2 or not 4 <= rounds <= 1024:
+        raise ValueError(f"rounds must be an even integer between 4 and 1024, got {rounds}")
+    if not 0 <= index <= max_index:
+        raise ValueError(f"index must be in [0, max_index], but got index = {index} and max_index = {max_index}")
+    if max_index >= 1 << 63:
+        raise ValueError(f"max_index must be below 2**63, got {max_index}")
+    key = int(seed) if rounds == 4 else _splitmix64(int(seed) ^ (int(rounds) << 32))
+    return _permutation(int(max_index) + 1, key).few([int(index)])[0]
+
+
+def batch_and_pad(values: Sequence[Any], *, batch_size: int, pad_value: Any = 0) -> Any:
+    """Grain's ``batch_and_pad``: the values stacked, and a short batch padded with ``pad_value`` to ``batch_size``.
+
+    Pass it as a ``batch_fn`` (``functools.partial(batch_and_pad, batch_size=B)``) to keep the last,
+    short batch at the full size.
+
+    Example:
+        >>> import functools
+        >>> from portable_loader.grain import MapDataset
+        >>> list(MapDataset.range(1, 5).batch(3, batch_fn=functools.partial(batch_and_pad, batch_size=3)))
+        [array([1, 2, 3]), array([4, 0, 0])]
+    """
+    if not values:
+        raise ValueError("Cannot batch 0 values.")
+    if len(values) > batch_size:
+        raise ValueError(f"Cannot batch {len(values)} values to {batch_size}.")
+    batch = stack(list(values))
+    missing = batch_size - len(values)
+    if not missing:
+        return batch
+    return _tree_map(lambda x: np.concatenate([x, np.full((missing,) + x.shape[1:], pad_value, dtype=x.dtype)]), batch)
