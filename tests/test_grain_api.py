@@ -585,3 +585,9 @@ def test_the_handler_saves_and_restores_portable_loaders_own_loader_iterator(tmp
         pg.checkpoint.CheckpointHandler().restore(tmp_path, it)
         got = next(it)
     assert all(np.array_equal(got[k], expected[k]) for k in expected)
+
+
+def test_grain_python_is_refused_with_a_reason():
+    # Real Grain lists `python` among its names once anything imported grain.python (our sampler does).
+    with pytest.raises(NotSupportedError, match="backwards-compatibility"):
+        pg.python
