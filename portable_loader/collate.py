@@ -92,6 +92,44 @@ def pack(record_indices: np.ndarray, lengths: np.ndarray, seq_len: int, overlong
     return rows
 
 
+def count_rows(lengths: np.ndarray, seq_len: int, overlong: str = "split") -> int:
+    """``len(pack(records, lengths, seq_len, overlong))``, without building the rows (for skips).
+
+    The row count of best-fit decreasing depends only on the multiset of rooms left, so only rooms
+    are kept; a piece of ``seq_len`` tokens fills a row of its own.
+
+    Example:
+        >>> lengths = np.array([5, 2, 9, 3, 1])
+        >>> count_rows(lengths, 6, "split") == len(pack(np.arange(5), lengths, 6, "split"))
+        True
+    """
+    n = np.asarray(lengths, dtype=np.int64)
+    n = n[n > 0]  # a record of no tokens makes no piece
+    if overlong == "split":
+        full = int((n // seq_len).sum())
+        rest = n % seq_len
+    else:
+        if overlong == "drop":
+            n = n[n <= seq_len]
+        n = np.minimum(n, seq_len)
+        full, rest = int(np.count_nonzero(n == seq_len)), n
+    rest = rest[(rest > 0) & (rest < seq_len)]
+    if not rest.size:
+        return full
+    rooms: list[int] = []
+    find, insort, take = bisect.bisect_left, bisect.insort, rooms.pop
+    rows = full
+    for size in np.sort(rest)[::-1].tolist():
+        k = find(rooms, size)
+        if k < len(rooms):
+            room = take(k)
+        else:
+            room, rows = seq_len, rows + 1
+        if room > size:
+            insort(rooms, room - size)
+    return rows
+
+
 _FEW_PIECES = 24  # below this, per-piece slice assignment beats the concatenations' fixed cost
 
 

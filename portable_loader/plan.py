@@ -38,13 +38,14 @@ Example:
 
 from __future__ import annotations
 
+import bisect
 from collections import OrderedDict
 from typing import TYPE_CHECKING, Callable, NamedTuple
 
 import numpy as np
 
 from portable_loader.batch_size import BatchSchedule, as_schedule
-from portable_loader.collate import OVERLONG, Piece, pack
+from portable_loader.collate import OVERLONG, Piece, count_rows, pack
 from portable_loader.errors import FilterError
 from portable_loader.sampler import LCGSampler, _splitmix64
 
@@ -60,6 +61,7 @@ _KEPT_COUNTS = 1024  # per-step counts nobody takes (e.g. a bare Planner) stop g
 #: Consecutive rejected records after which a filter is taken to reject everything.
 MAX_REJECTED = 1_000_000
 _FEW = 24  # positions a sampler maps in Python integers (sampler.few) when a step jumps
+_FEW_BY_SOURCE = 64  # pieces of a step counted per source in Python integers (numpy calls cost more)
 _FIRST_SPAN = 16  # positions a filtered padded step tests first; doubled while too few survive
 
 
@@ -99,6 +101,8 @@ class Planner:
         cheap_lengths: bool = True,
         accept: Callable[[np.ndarray], np.ndarray] | None = None,
         filters: tuple[str, ...] = (),
+        skips: tuple[tuple[int, int], ...] = (),
+        groups: np.ndarray | None = None,
     ):
         overlong = overlong or ("split" if packing else "truncate")
         if overlong not in OVERLONG or (overlong == "split" and not packing):
@@ -122,6 +126,17 @@ class Planner:
         # step -> {policy: records it touched}; ordered so that trimming is one atomic popitem while
         # a consumer thread pops its steps.
         self.counts: OrderedDict[int, dict[str, int]] = OrderedDict()
+        # Skipped spans of positions (rows served: padding records, packing rows), sorted and disjoint:
+        # a step that would start inside one starts at its end (see ``jump``).
+        self.skips = tuple(skips)
+        self._skip_starts = [lo for lo, _ in self.skips]
+        self._row_counts: dict[int, int] = {}  # window -> its number of rows, for jumps
+        # Where each source of a mixture starts among the record indices ([0, n] for one source):
+        # each step's counts get "sources", its records and tokens per source (see _by_source).
+        self.groups = None if groups is None else np.asarray(groups, dtype=np.int64)
+        self._group_list = [] if groups is None else self.groups.tolist()
+        self._window_counts: dict[int, tuple[np.ndarray, np.ndarray]] = {}  # see _window_sources
+        self.count_lengths = False  # padding: read lengths for the token counts even where they cost a read
 
     def records(self, lo: int, hi: int) -> np.ndarray:
         """Record indices at global stream positions ``[lo, hi)``.
@@ -196,6 +211,8 @@ class Planner:
             >>> p.upcoming(Cursor(1, 0, 0)).size    # positions 4..9
             6
         """
+        if self.skips:  # never read ahead the records of a skipped span
+            cur = self.jump(self.resolve(cur))
         if self.packing:
             if self.num_windows is not None and cur.window >= self.num_windows:
                 return np.empty(0, dtype=np.int64)
@@ -318,8 +335,63 @@ class Planner:
             return cur
         return cur._replace(samples=self.sizes.samples_at(cur.step))
 
+    def skip_target(self, samples: int) -> int:
+        """``samples`` moved past every skipped span it lies in (adjacent spans chain)."""
+        while self.skips:
+            k = bisect.bisect_right(self._skip_starts, samples) - 1
+            if k < 0 or samples >= self.skips[k][1]:
+                break
+            samples = self.skips[k][1]
+        return samples
+
+    def jump(self, cur: Cursor) -> Cursor:
+        """``cur`` (resolved) moved past the skipped span it starts in, if any; the step counter stays."""
+        target = self.skip_target(cur.samples)
+        return cur if target == cur.samples else self.advance(cur, target - cur.samples)
+
+    def advance(self, cur: Cursor, rows: int) -> Cursor:
+        """``cur`` (resolved) moved ``rows`` positions on, without planning a step.
+
+        Padding: arithmetic, O(1). Packing: the rows of each window passed over are counted by
+        packing it (its records' lengths, never their tokens): O(windows passed over).
+        """
+        target = cur.samples + rows
+        if not self.packing:
+            return cur._replace(samples=target if self.total is None else min(target, self.total))
+        w, r, left, empty = cur.window, cur.row, rows, 0
+        while left > 0:
+            if self.num_windows is not None and w >= self.num_windows:
+                return Cursor(cur.step, self.num_windows, 0, target)  # past the end: nothing more to serve
+            n = self._row_count(w)
+            empty = 0 if n else empty + 1
+            if self._accept is not None and empty * self.window >= self.max_rejected:
+                raise self._reject_all((w + 1 - empty) * self.window, empty * self.window)
+            if left < n - r:
+                r += left
+                break
+            left -= n - r
+            w, r = w + 1, 0
+        return Cursor(cur.step, w, r, target)
+
+    def _row_count(self, w: int) -> int:
+        planned = self._windows.get(w)
+        if planned is not None:
+            return len(planned[0])
+        n = self._row_counts.get(w)
+        if n is None:
+            recs = self._window_records(w)
+            if self._accept is not None:
+                recs = recs[self._accept(recs)]
+            n = count_rows(self._lengths(recs), self.seq_len, self.overlong) if recs.size else 0
+            if len(self._row_counts) >= 64:
+                self._row_counts.pop(next(iter(self._row_counts)))
+            self._row_counts[w] = n
+        return n
+
     def step(self, cur: Cursor) -> tuple[list[list[Piece]], Cursor] | None:
         cur = self.resolve(cur)
+        if self.skips:
+            cur = self.jump(cur)
         batch = self.sizes.size(cur.step, cur.samples)
         if not self.packing:
             lo = cur.samples
@@ -335,7 +407,7 @@ class Planner:
                     if lo == 0:
                         raise self._reject_all(0, None)
                     return None
-            touched = None  # not counted: reading lengths here would fetch each record twice
+            touched = lengths = None  # not counted: reading lengths here would fetch each record twice
             if self._lengths is not None and (self.overlong == "drop" or self.cheap_lengths):
                 lengths = self.lengths_at(lo, hi, recs) if self._accept is None else self._lengths(recs)
                 over = lengths > self.seq_len
@@ -346,10 +418,26 @@ class Planner:
             # its row empty, so positions and rows stay in step.
             rows = [[(idx, 0, self.seq_len)] if idx >= 0 else [] for idx in recs.tolist()]
             self._count(cur.step, touched, rejected)
+            if self.groups is not None and self.groups.size <= 2 and not self.count_lengths:
+                # one source, one host: its tokens are the batch's, which the consumer counts anyway
+                served = recs.size if self.overlong != "drop" else int(np.count_nonzero(recs >= 0))
+                self.counts[cur.step]["sources"] = ([served], None, None)
+            elif self.groups is not None:
+                if lengths is None and self.count_lengths:  # several hosts: no batch holds every row
+                    lengths = self._lengths(recs)
+                if lengths is None:  # lengths cost a read here: the consumer counts tokens from the batch
+                    self._by_source(cur.step, recs, None, None)
+                else:
+                    tokens = np.minimum(lengths, self.seq_len)
+                    if self.overlong == "drop":  # a dropped record (-1) serves nothing
+                        kept = recs >= 0
+                        recs, tokens = recs[kept], tokens[kept]
+                    self._by_source(cur.step, recs, tokens, None)
             return rows + [[] for _ in range(batch - len(rows))], Cursor(cur.step + 1, 0, 0, hi)
         rows: list[list[Piece]] = []
         w, r = cur.window, cur.row
         touched = rejected = empty = 0
+        segments = []  # (window, its rows, first row, end row) this step takes
         while len(rows) < batch:
             planned = self._planned(w)
             if planned is None:
@@ -363,6 +451,7 @@ class Planner:
                 raise self._reject_all((w + 1 - empty) * self.window, empty * self.window)
             take = window[r : r + batch - len(rows)]
             rows += take
+            segments.append((w, window, r, r + len(take)))
             r += len(take)
             if r >= len(window):
                 w, r = w + 1, 0
@@ -371,7 +460,74 @@ class Planner:
                 raise self._reject_all(0, None)
             return None
         self._count(cur.step, touched, rejected)
+        if self.groups is not None and self.groups.size <= 2 and not self.count_lengths:
+            # one source, one host: its tokens are the batch's, which the consumer counts anyway
+            self.counts[cur.step]["sources"] = ([sum(1 for row in rows for p in row if not p[1])], None, None)
+        elif self.groups is not None:  # from each window's running counts: O(sources) a step
+            records = tokens = 0
+            for w_, window, lo, hi in segments:
+                rec, tok = self._window_sources(w_, window)
+                records = records + rec[hi] - rec[lo]
+                tokens = tokens + tok[hi] - tok[lo]
+            self.counts[cur.step]["sources"] = (records.tolist(), tokens.tolist(), None)
         return rows + [[] for _ in range(batch - len(rows))], Cursor(cur.step + 1, w, r, cur.samples + batch)
+
+    def _window_sources(self, w: int, window: list) -> tuple[np.ndarray, np.ndarray]:
+        """Window ``w``'s running per-source counts in serving order: row ``j`` of each is what its
+        rows before ``j`` hold (records: pieces that start a record; tokens), computed once a window."""
+        got = self._window_counts.get(w)
+        if got is None:
+            k = self.groups.size - 1
+            rec = np.zeros((len(window) + 1, k), dtype=np.int64)
+            tok = np.zeros((len(window) + 1, k), dtype=np.int64)
+            pieces = np.array([p for row in window for p in row], dtype=np.int64).reshape(-1, 3)
+            if pieces.size:
+                at = np.repeat(np.arange(1, len(window) + 1), [len(row) for row in window])
+                src = np.searchsorted(self.groups, pieces[:, 0], side="right") - 1
+                np.add.at(rec, (at, src), pieces[:, 1] == 0)
+                np.add.at(tok, (at, src), pieces[:, 2] - pieces[:, 1])
+            got = (rec.cumsum(axis=0), tok.cumsum(axis=0))
+            if len(self._window_counts) >= 2:
+                self._window_counts.pop(next(iter(self._window_counts)))
+            self._window_counts[w] = got
+        return got
+
+    def _by_source(self, step: int, recs: np.ndarray, tokens: np.ndarray | None, heads: np.ndarray | None) -> None:
+        """Record step ``step``'s records (pieces that start a record: ``heads``, None for all) and
+        tokens (``tokens`` per piece of record ``recs``) per source, as ``counts[step]["sources"]``:
+        ``(records, tokens, None)`` per source, or, with ``tokens`` None (padding, lengths not read),
+        ``(records, None, source of each row)`` for the consumer to count the batch's tokens."""
+        groups = self.groups
+        if recs.size <= _FEW_BY_SOURCE and groups.size > 2:  # a step's few pieces: plain Python beats numpy
+            offsets, k = self._group_list, groups.size - 1
+            src = [bisect.bisect_right(offsets, x) - 1 for x in recs.tolist()]
+            records = [0] * k
+            if heads is None:
+                for i in src:
+                    records[i] += 1
+            else:
+                for i, head in zip(src, heads.tolist()):
+                    records[i] += head
+            if tokens is None:
+                got = (records, None, src)
+            else:
+                counted = [0] * k
+                for i, t in zip(src, tokens.tolist()):
+                    counted[i] += t
+                got = (records, counted, None)
+        elif groups.size <= 2 and tokens is not None:  # one source
+            n = recs.size if heads is None else int(np.count_nonzero(heads))
+            got = ([n], [int(tokens.sum())], None)
+        else:
+            src = np.searchsorted(groups, recs, side="right") - 1
+            k = groups.size - 1
+            heads_src = src if heads is None else src[heads]
+            records = np.bincount(heads_src, minlength=k).tolist()
+            if tokens is None:
+                got = (records, None, src[recs >= 0] if (recs < 0).any() else src)
+            else:
+                got = (records, np.bincount(src, weights=tokens, minlength=k).astype(np.int64).tolist(), None)
+        self.counts[step]["sources"] = got
 
     def num_steps(self, estimate: bool = False, sample_windows: int = 32) -> int:
         """Global steps in this finite stream (the last one may be partly padding).

@@ -18,6 +18,10 @@ A state is a JSON object with exactly these fields:
   the position may differ, so a run can be re-weighted from where it stands. The field is optional
   and the version stays 2: states of loaders over plain datasets are unchanged, and a reader that
   predates mixtures refuses a state that has it ("not a loader state field").
+* ``sources``: per-source counts of what was delivered, ``"records:tokens,..."`` in source order (one
+  pair for a plain source; see ``LoaderIterator.stats``). Optional on read, so the version stays 3:
+  a state saved before the counts restarts them at 0. Skips (``skip_batches``, ``it.skip``) leave no
+  field: they move the position.
 * ``digest``: a hash over all the other fields, so that a state whose fields were edited apart (for
   instance a packed ``step`` that no longer matches its position) is refused instead of reported.
 
@@ -53,6 +57,7 @@ STATE_VERSION = 3
 _FIELDS = ("version", "fingerprint", "config", "step", "window", "row", "samples", "batch_size",
            "batch_schedule", "digest")
 _MIX_FIELD = "schedule"
+_SOURCES_FIELD = "sources"  # optional on read: states saved before per-source counts restart them at 0
 
 
 def _digest(state: dict[str, Any]) -> str:
@@ -77,8 +82,35 @@ class LoaderState(dict):
         return json.dumps(self, sort_keys=True)
 
 
-def make_state(loader, cursor: Cursor) -> dict[str, Any]:
-    """The state of ``loader`` positioned at ``cursor`` (what ``get_state`` returns).
+def sources_text(counts) -> str:
+    """Per-source ``(records, tokens)`` as the state writes them: ``"r:t,r:t,..."`` in source order.
+
+    Example:
+        >>> sources_text([(3, 120), (0, 0)]), parse_sources("3:120,0:0", 2)
+        ('3:120,0:0', [(3, 120), (0, 0)])
+    """
+    return ",".join(f"{r}:{t}" for r, t in counts)
+
+
+def parse_sources(text, n: int) -> list[tuple[int, int]]:
+    """The counts of :func:`sources_text` for ``n`` sources; ``StateError`` naming the field otherwise."""
+    if not isinstance(text, str):
+        raise StateError(_SOURCES_FIELD, f"must be a string of records:tokens per source, got {type(text).__name__}")
+    parts = text.split(",")
+    if len(parts) != n:
+        raise StateError(_SOURCES_FIELD, f"holds counts of {len(parts)} source(s); this loader reads {n}: refused")
+    out = []
+    for part in parts:
+        r, _, t = part.partition(":")
+        if not (r.isdigit() and t.isdigit() and r.isascii() and t.isascii()):
+            raise StateError(_SOURCES_FIELD, f"{part[:40]!r} is not records:tokens (two integers >= 0): refused")
+        out.append((int(r), int(t)))
+    return out
+
+
+def make_state(loader, cursor: Cursor, sources=None) -> dict[str, Any]:
+    """The state of ``loader`` positioned at ``cursor`` (what ``get_state`` returns), with
+    ``sources``, the per-source ``(records, tokens)`` delivered before it (zeros when None).
 
     Example:
         >>> import numpy as np, portable_loader as pl
@@ -86,9 +118,11 @@ def make_state(loader, cursor: Cursor) -> dict[str, Any]:
         >>> state = make_state(loader, Cursor(step=5, window=0, row=0))   # samples: filled in by the planner
         >>> state["step"], state["samples"], state["version"] == STATE_VERSION
         (5, 10, True)
-        >>> with iter(loader) as it:
+        >>> state["sources"]   # per-source counts: none given, so none delivered
+        '0:0'
+        >>> with iter(loader) as it:   # the iterator's state names the same position, with its counts
         ...     batches = [next(it) for _ in range(5)]
-        ...     it.get_state() == state
+        ...     it.get_state() == make_state(loader, Cursor(5, 0, 0), [(10, 50)])
         True
     """
     cursor = loader.planner().resolve(cursor) if cursor.samples is None else cursor
@@ -107,6 +141,7 @@ def make_state(loader, cursor: Cursor) -> dict[str, Any]:
     digests = getattr(loader.source, "schedule_digests", None)
     if digests is not None:
         state[_MIX_FIELD] = digests(_used(loader, cursor))
+    state[_SOURCES_FIELD] = sources_text(sources if sources is not None else [(0, 0)] * len(loader._groups[0]))
     state["digest"] = _digest(state)
     return state
 
@@ -153,11 +188,12 @@ def _int_field(state: dict, name: str) -> int:
     return value
 
 
-def check_state(raw, loader, planner: Planner) -> Cursor:
+def check_state(raw, loader, planner: Planner, sources: list | None = None) -> Cursor:
     """Validate a state for ``loader`` and return the position it names; ``StateError`` otherwise.
 
     ``planner`` is the one the position will be served from: checking a packed ``row`` plans its
-    window (O(window)), which the restore then reuses.
+    window (O(window)), which the restore then reuses. ``sources``, a list, receives the per-source
+    counts (zeros for a state saved before they were kept).
     """
     state = parse_state(raw)
     version = state.get("version")
@@ -172,7 +208,7 @@ def check_state(raw, loader, planner: Planner) -> Cursor:
     mixture = getattr(loader.source, "schedule_digests", None) is not None
     if mixture and _MIX_FIELD not in state:
         raise StateError(_MIX_FIELD, "is missing (this loader reads a mixture; the state was not saved from one)")
-    extra = sorted(set(state) - set(_FIELDS) - ({_MIX_FIELD} if mixture else set()), key=str)
+    extra = sorted(set(state) - set(_FIELDS) - {_SOURCES_FIELD} - ({_MIX_FIELD} if mixture else set()), key=str)
     if extra:
         raise StateError(extra[0], "is not a loader state field: refused")
     for name in ("fingerprint", "digest"):
@@ -197,6 +233,10 @@ def check_state(raw, loader, planner: Planner) -> Cursor:
             "fingerprint",
             "belongs to another source or config: refused (" + ("; ".join(diff) or "the source differs") + ")",
         )
+    n = len(loader._groups[0])
+    counts = parse_sources(state[_SOURCES_FIELD], n) if _SOURCES_FIELD in state else [(0, 0)] * n
+    if sources is not None:
+        sources[:] = counts
     if mixture:
         saved = state[_MIX_FIELD]
         if not isinstance(saved, list) or not all(isinstance(d, str) for d in saved):

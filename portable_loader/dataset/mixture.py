@@ -190,6 +190,10 @@ class Mix(Dataset):
             )
         return self.block
 
+    def source_groups(self) -> tuple[tuple[str, ...], np.ndarray]:
+        """(source names, where each starts in the index space, plus the end): what the loader counts by."""
+        return self.names, self.offsets
+
     def _stage_digest(self, st: Stage) -> str:
         return digest("stage", st.start, st.block, self.names, st.nums, st.den)[:8]
 

@@ -36,7 +36,7 @@ __all__ = ["Filter", "Map", "apply_transformations", "as_function"]
 
 # What a transform passes through from its parent, only where the parent has it (a mixture's
 # ``locate`` and schedule checks): the loader looks these up with getattr.
-_FORWARDED = frozenset({"locate", "schedule_digests", "schedule_change"})
+_FORWARDED = frozenset({"locate", "schedule_digests", "schedule_change", "source_groups"})
 _MEMO_TOKENS = 1 << 21  # tokens of records a filter read for its predicate, kept for the fetch that follows
 
 

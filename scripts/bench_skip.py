@@ -1,0 +1,28 @@
+"""The cost of skipping 10^5 batches (docs/loader.md, "Skipping batches"): padded and packed, over the
+bundled sample cache, 8 x 256; a range in ``skip_batches`` and ``it.skip`` on a live iterator.
+
+    .venv/bin/python scripts/bench_skip.py
+"""
+
+import time
+
+import portable_loader as pl
+from portable_loader.precache import sample_args
+
+src = pl.open_cache(pl.precache(**sample_args(), out="cache"))
+for packing in (False, True):
+    kw = dict(global_batch_size=8, seq_len=256, packing=packing, seed=0)
+    with iter(pl.DataLoader(src, skip_batches=[(10, 10 + 10**5)], **kw)) as it:
+        for _ in range(10):
+            next(it)
+        t = time.perf_counter()
+        next(it)
+        ranged = time.perf_counter() - t
+    with iter(pl.DataLoader(src, **kw)) as it:
+        next(it)
+        t = time.perf_counter()
+        it.skip(10**5)
+        next(it)
+        live = time.perf_counter() - t
+    print(f"{'packed' if packing else 'padded'}: first batch after a 10^5-batch skip: "
+          f"skip_batches {ranged * 1e3:.1f} ms, it.skip {live * 1e3:.1f} ms")
