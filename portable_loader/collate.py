@@ -31,7 +31,7 @@ from typing import Mapping, Sequence
 
 import numpy as np
 
-__all__ = ["FIELDS", "OVERLONG", "PADDED_FIELDS", "Piece", "check_fields", "collate", "collate_spans", "pack"]
+__all__ = ["FIELDS", "OVERLONG", "PADDED_FIELDS", "Piece", "check_fields", "check_token_records", "collate", "collate_spans", "pack"]
 
 Piece = tuple  # (record_index, start, end)
 
@@ -333,3 +333,22 @@ def _ramp(n: int) -> memoryview:
     """0, 1, ..., n - 1 as int32 (the positions' source), made once per row length."""
     ramp = _RAMPS[n] = memoryview(np.arange(n, dtype=np.int32))
     return ramp
+
+
+def check_token_records(indices, records) -> None:
+    """``TypeError`` naming the first record the token loader cannot read (not a dict with ``input_ids``).
+
+    Raw records (bytes from an ArrayRecord file, say) need a decode step before the loader packs
+    them; Grain-style pipelines of other elements are fine until they reach ``pl.DataLoader``.
+
+    Example:
+        >>> check_token_records([7], [b"\\x01\\x02"])
+        Traceback (most recent call last):
+        ...
+        TypeError: record 7 is bytes, not a dict with 'input_ids': pl.DataLoader reads token records; add a decode step (.map(decode)) that returns {"input_ids": ...}
+    """
+    for i, r in zip(np.asarray(indices).reshape(-1).tolist(), records):
+        if r is not None and not (isinstance(r, dict) and "input_ids" in r):
+            what = f"a dict with keys {sorted(map(str, r))[:6]}" if isinstance(r, dict) else type(r).__name__
+            raise TypeError(f"record {i} is {what}, not a dict with 'input_ids': pl.DataLoader reads token records; "
+                            'add a decode step (.map(decode)) that returns {"input_ids": ...}')

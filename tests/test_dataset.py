@@ -390,3 +390,24 @@ def test_a_grain_pipelines_fingerprint_does_not_change_when_it_is_read():
     with iter(pl.DataLoader(pipeline(), global_batch_size=4, seq_len=16, seed=0)) as fresh:
         fresh.set_state(state)
         assert all(np.array_equal(following[k], v) for k, v in next(fresh).items())
+
+
+@pytest.mark.parametrize("packing", [False, True])
+def test_raw_records_are_refused_naming_the_record_and_the_fix(tmp_path, packing):
+    # Grain's ArrayRecordDataSource gives raw bytes; the token loader says what to add instead of
+    # failing on "byte indices must be integers".
+    import grain
+    from array_record.python.array_record_module import ArrayRecordWriter
+
+    path = str(tmp_path / "raw.array_record")
+    writer = ArrayRecordWriter(path, "group_size:1")
+    for i in range(8):
+        writer.write(np.arange(i + 1, dtype=np.int32).tobytes())
+    writer.close()
+    raw = grain.sources.ArrayRecordDataSource([path])
+    with pytest.raises(TypeError, match=r"record \d+ is bytes, not a dict with 'input_ids'.*decode"):
+        with iter(pl.DataLoader(pl.source(raw), global_batch_size=2, seq_len=8, packing=packing)) as it:
+            next(it)
+    decoded = pl.source(raw).map(lambda b: {"input_ids": np.frombuffer(b, np.int32)})
+    with iter(pl.DataLoader(decoded, global_batch_size=2, seq_len=8, packing=packing)) as it:
+        assert next(it)["input_ids"].shape == (2, 8)

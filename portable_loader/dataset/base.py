@@ -40,6 +40,7 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
+from portable_loader.collate import check_token_records
 from portable_loader.indexing import parse_index
 
 __all__ = ["Dataset", "as_indices", "digest", "function_identity", "records_digest", "within"]
@@ -148,7 +149,9 @@ class Dataset:
 
     def lengths(self, indices: Sequence[int] | np.ndarray) -> np.ndarray:
         """Token counts (``len(record["input_ids"])``) of the records at ``indices``, as int64."""
-        return np.asarray([len(r["input_ids"]) for r in self.__getitems__(indices)], dtype=np.int64)
+        records = self.__getitems__(indices)
+        check_token_records(indices, records)
+        return np.asarray([len(r["input_ids"]) for r in records], dtype=np.int64)
 
     def accepts(self, indices: Sequence[int] | np.ndarray) -> np.ndarray:
         """Whether each record at ``indices`` survives the filters in this tree (all True without any)."""

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from portable_loader.collate import FIELDS, collate, collate_spans
+from portable_loader.collate import FIELDS, check_token_records, collate, collate_spans
 from portable_loader.plan import Cursor, Planner
 
 __all__ = ["InlineEngine", "build_batch"]
@@ -41,6 +41,7 @@ def build_batch(source, rows, seq_len: int, pad_id: int, fields=FIELDS) -> dict[
                              seq_len, pad_id, fields)
     wanted = sorted(set(_records_of(rows)))
     records = dict(zip(wanted, source.__getitems__(np.asarray(wanted, dtype=np.int64))))
+    check_token_records(wanted, records.values())
     if any(r is None for r in records.values()):  # a filter's hole: the plan only names records it accepted
         i = next(k for k, r in records.items() if r is None)
         raise ValueError(f"record {i} was planned as accepted but a filter rejects it now: a filter's predicate must be "
