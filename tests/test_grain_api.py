@@ -373,9 +373,12 @@ def _ops(names):
 @given(names=st.lists(st.sampled_from(sorted(OPS)), max_size=4), n=st.integers(1, 25), shuffle=st.booleans(),
        epochs=st.sampled_from([1, 2, None]), stop=st.integers(0, 20), w_save=st.sampled_from([0, 1, 3]),
        w_restore=st.sampled_from([0, 2]))
-@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow], derandomize=True)
 def test_stream_and_resume_are_independent_of_the_worker_count(names, n, shuffle, epochs, stop, w_save, w_restore):
     ops = _ops(names)
+    # An endless stream whose filter rejects every element never yields (as in Grain): e.g. batches of
+    # three copies of the one record 1, whose sum 3 the filter rejects.
+    assume(epochs is not None or "nm3" not in names or n > 3)
     with iter(loader(n, ops, 0, shuffle=shuffle, epochs=epochs)) as it:
         expected = [canon(x) for x in take(it, stop + 8)]
     with iter(loader(n, ops, w_save, shuffle=shuffle, epochs=epochs)) as it:
