@@ -609,3 +609,21 @@ def test_grains_checkpoint_handler_saves_and_restores_our_iterator(tmp_path):
     grain.checkpoint.CheckpointHandler().save(epath.Path(tmp_path), it)
     restored = grain.checkpoint.CheckpointHandler().restore(epath.Path(tmp_path), iter(ds))
     assert canon_all(restored) == canon_all(it)
+
+
+@pytest.mark.parametrize("where", ["source", "after_batch"])
+def test_an_endless_stream_whose_filter_rejects_everything_raises_instead_of_hanging(monkeypatch, where):
+    # Grain's iterator loops forever here; ours gives up after MAX_REJECTED rejections in a row.
+    from portable_loader.dataset import iter_runtime
+    from portable_loader.errors import FilterError
+
+    monkeypatch.setattr(iter_runtime, "MAX_REJECTED", 500)
+    endless = Dataset.range(1, 2).repeat()  # the one element 1, forever
+    if where == "source":
+        it = iter(endless.to_iter_dataset().filter(lambda x: x != 1))
+    else:  # batches of [1, 1, 1], whose sum 3 is rejected
+        it = iter(endless.to_iter_dataset().batch(3).filter(lambda b: int(b.sum()) % 3 != 0))
+    with pytest.raises(FilterError, match="rejected .* in a row"):
+        next(it)
+    finite = Dataset.range(1, 2).repeat(2).to_iter_dataset().filter(lambda x: x != 1)
+    assert list(finite) == []  # a finite stream with no survivor simply ends

@@ -29,8 +29,18 @@ from typing import Callable, Sequence
 
 from portable_loader.dataset.batch import stack
 from portable_loader.dataset.iter_ops import ElementOp, Segment, apply_one, read_chunk, run_chunk, run_slowly
+from portable_loader.errors import FilterError
 
 __all__ = ["BatchIter", "InlineExec", "MixIter", "OpIter", "SourceIter", "mix_choice", "int_proportions"]
+
+# Elements filtered out in a row before an iterator gives up: an endless stream whose filter
+# rejects everything would otherwise never yield (Grain's does not), as pl.DataLoader's planner.
+MAX_REJECTED = 1_000_000
+
+
+def _rejected_all(where: str, run: int) -> FilterError:
+    return FilterError(f"{where} rejected {run:,} elements in a row: it rejects everything, or so nearly "
+                       "everything that the stream cannot go on")
 
 INLINE_CHUNK = 64  # positions per batched read in this process
 
@@ -150,6 +160,7 @@ class SourceIter:
         self._error: BaseException | None = None
         self._started = False
         self.pos, self.running = 0, []
+        self._dropped = 0  # positions filtered out in a row
 
     @property
     def open(self) -> bool:
@@ -185,7 +196,11 @@ class SourceIter:
             self._buf.extend(zip(chunk.pos, chunk.elems, chunk.ords))
             self._error = chunk.error
             if not chunk.pos and chunk.error is None:  # all dropped: nothing to recompute before `end`
+                self._dropped += chunk.end - self.pos
                 self.pos, self.running = chunk.end, list(chunk.running)
+                if self._dropped >= MAX_REJECTED:
+                    raise _rejected_all("the filter after to_iter_dataset", self._dropped)
+        self._dropped = 0
         p, element, ords = self._buf.popleft()
         self.pos, self.running = p + 1, [o + 1 for o in ords]
         return element
@@ -238,13 +253,14 @@ class OpIter:
         self.count = 0
 
     def next(self):
-        while True:
+        for _ in range(MAX_REJECTED):
             element = self.child.next()
             ordinal = self.count
             self.count += 1
             keep, element = apply_one(self.op, element, ordinal if self.op.ordinal else None)
             if keep:
                 return element
+        raise _rejected_all(f"{self.op.kind} {self.field}", MAX_REJECTED)
 
     def fields(self) -> dict:
         out = self.child.fields()
