@@ -136,7 +136,7 @@ def run_job(adapter, prefetch, workers, how, *, dist=None, signal_to_send=None, 
     return seconds
 
 
-def assert_no_new_shm(before, pids, held=frozenset(), tag=None) -> None:
+def assert_no_new_shm(before, pids, held=frozenset(), tag=None, wait=5.0) -> None:
     """No /dev/shm entry the job (processes ``pids``) made is left. Entries of other processes on the
     machine (other test runs, torch jobs) come and go meanwhile and are not counted."""
 
@@ -144,7 +144,7 @@ def assert_no_new_shm(before, pids, held=frozenset(), tag=None) -> None:
         return {e for e in shm() - before if made_by(e, pids, held, tag)}
 
     left = new()
-    deadline = time.monotonic() + 5
+    deadline = time.monotonic() + wait
     while left and time.monotonic() < deadline:  # a finalizer may still be removing its files
         time.sleep(0.2)
         left &= new()
@@ -166,7 +166,7 @@ def test_only_the_jobs_own_leftovers_count():
         for name in made:
             open(os.path.join("/dev/shm", name), "w").close()
         with pytest.raises(AssertionError) as e:
-            assert_no_new_shm(before, {me}, {held}, "plexitTAG")
+            assert_no_new_shm(before, {me}, {held}, "plexitTAG", wait=0.5)
         assert all(n in str(e.value) for n in [*ours, held]) and foreign not in str(e.value)
         for name in [held, *ours]:
             os.unlink(os.path.join("/dev/shm", name))
