@@ -19,10 +19,10 @@ Example:
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
 
 from portable_loader.dataset.base import digest
 from portable_loader.errors import StateError
+from portable_loader.state import parse_state
 
 __all__ = ["encode", "make_state", "read_state"]
 
@@ -58,23 +58,6 @@ def encode(state: dict) -> bytes:
     return json.dumps(state, indent=4).encode()
 
 
-def _parse(raw) -> Mapping:
-    if isinstance(raw, (bytes, bytearray)):
-        try:
-            raw = bytes(raw).decode("utf-8")
-        except UnicodeDecodeError:
-            raise StateError(None, "is not UTF-8 text: refused") from None
-    if isinstance(raw, str):
-        try:
-            raw = json.loads(raw)
-        except ValueError as e:
-            raise StateError(None, f"is not JSON ({e}): refused") from None
-    if not isinstance(raw, Mapping):
-        raise StateError(None, f"expected the bytes get_state() returns (or their JSON text or dict), got "
-                               f"{type(raw).__name__}: refused")
-    return raw
-
-
 def read_state(raw, pipeline: str, total: int) -> int:
     """The global position ``raw`` names, after checking that it is a state of ``pipeline`` within ``total``
     positions; ``StateError`` naming the field otherwise.
@@ -85,7 +68,7 @@ def read_state(raw, pipeline: str, total: int) -> int:
         ...
         portable_loader.errors.StateError: loader state: a state of Grain's own DataLoader (last_seen_indices): its positions depend on Grain's worker count and sharding, so it cannot be resumed here; restart, or finish the run with Grain
     """
-    state = _parse(raw)
+    state = parse_state(raw)  # bytes, JSON text or a dict; StateError otherwise
     if "last_seen_indices" in state:
         raise StateError(None, "a state of Grain's own DataLoader (last_seen_indices): its positions depend on "
                                "Grain's worker count and sharding, so it cannot be resumed here; restart, or "
