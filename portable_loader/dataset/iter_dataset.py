@@ -50,6 +50,7 @@ import numpy as np
 from portable_loader.dataset.base import digest, function_identity
 from portable_loader.dataset.iter_ops import ElementOp
 from portable_loader.dataset.iter_runtime import int_proportions
+from portable_loader.dataset.seeds import default_seed
 
 if TYPE_CHECKING:  # at run time, through __getattr__ below: its module imports this one
     from portable_loader.dataset.iter_iterator import DatasetIterator
@@ -81,31 +82,6 @@ def to_iter_dataset(ds, read_options=None, allow_nones: bool = False) -> "IterDa
         [3, None, 5]
     """
     return _SourceNode(ds, read_options, bool(allow_nones))
-
-
-def _parents_of(node) -> tuple:
-    """A node's parents for Grain's default-seed walk: ours, Grain's, or a dataset's ``parent``."""
-    for name in ("_parents", "parents"):
-        ps = getattr(node, name, None)
-        if isinstance(ps, (list, tuple)):
-            return tuple(ps)
-    parent = getattr(node, "parent", None)
-    return (parent,) if parent is not None else ()
-
-
-def _default_seed(node) -> int | None:
-    """Grain's ``_default_seed``: the seeds set by ``.seed()`` upstream, with their depths, hashed."""
-    aggregated, to_visit = [], [(node, 0)]
-    while to_visit:
-        n, depth = to_visit.pop(0)
-        seed = getattr(n, "_seed_rng_seed", None)
-        if seed is not None:
-            aggregated.extend((seed, depth))
-        else:
-            to_visit.extend((p, depth + 1) for p in _parents_of(n))
-    if not aggregated:
-        return None
-    return np.random.SeedSequence(aggregated).generate_state(1, dtype=np.uint32)[0]
 
 
 class IterDataset:
@@ -328,7 +304,7 @@ class _OpNode(IterDataset):
     def __init__(self, parent: IterDataset, op: ElementOp, seed: int | None = None):
         super().__init__((parent,))
         if op.kind == "random_map":
-            seed = _default_seed(self) if seed is None else seed
+            seed = default_seed(self, depth=0) if seed is None else seed
             if seed is None:
                 raise ValueError(
                     "`random_map` requires a seed. Please either provide it with `ds.seed(seed)` before any "

@@ -23,13 +23,31 @@ import numpy as np
 from portable_loader.dataset.remap import Remap
 from portable_loader.dataset.transforms import _FORWARDED
 
-__all__ = ["WithSeed", "default_seed"]
+__all__ = ["WithSeed", "default_seed", "parents_of"]
+
+
+def parents_of(node) -> tuple:
+    """A node's parents for the walk: ours and Grain's (``_parents``, ``parents``) or a ``parent``.
+
+    Example:
+        >>> from portable_loader.dataset import Dataset
+        >>> ds = Dataset.range(3)
+        >>> parents_of(ds.map(abs)) == (ds,), parents_of([1, 2])
+        (True, ())
+    """
+    for name in ("_parents", "parents"):
+        ps = getattr(node, name, None)
+        if isinstance(ps, (list, tuple)):
+            return tuple(ps)
+    parent = getattr(node, "parent", None)
+    return (parent,) if parent is not None else ()
 
 
 def default_seed(parent, depth: int = 1) -> int | None:
     """The seed Grain's ``_default_seed`` gives a new transform over ``parent``; None without a ``seed`` node.
 
-    ``depth=0`` gives ``parent``'s own default seed (Grain's ``ds._default_seed``).
+    ``depth=0`` gives ``parent``'s own default seed (Grain's ``ds._default_seed``). The walk goes
+    through MapDatasets, IterDatasets and real Grain nodes alike.
 
     Example:
         >>> from portable_loader.dataset import Dataset
@@ -46,7 +64,7 @@ def default_seed(parent, depth: int = 1) -> int | None:
         if seed is not None:
             aggregated.extend((seed, depth))
         else:
-            to_visit.extend((p, depth + 1) for p in node.parents)
+            to_visit.extend((p, depth + 1) for p in parents_of(node))
     if not aggregated:
         return None
     return int(np.random.SeedSequence(aggregated).generate_state(1, dtype=np.uint32)[0])
