@@ -36,13 +36,12 @@ import multiprocessing as mp
 import os
 import pickle
 import queue
-import signal
 import threading
 import traceback
 
 from portable_loader.dataset.iter_ops import Segment, read_chunk, run_slowly
 from portable_loader.dataset.iter_runtime import Chunk
-from portable_loader.engine.processes import _RESET_SIGNALS, _die_with_forking_thread, end_workers
+from portable_loader.engine.processes import end_workers, worker_setup, worker_tasks
 from portable_loader.engine.threads import WorkerError
 from portable_loader.errors import CacheError
 from portable_loader.lifecycle import hook_last, pid_alive
@@ -69,11 +68,7 @@ def _error_info(e: BaseException) -> tuple:
 
 
 def _worker_main(index, count, streams, init_fn, inbox, outbox, parent, from_main) -> None:
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's: it closes the workers
-    for sig in _RESET_SIGNALS:
-        signal.signal(sig, signal.SIG_DFL)
-    if from_main:  # see portable_loader/engine/processes.py: only safe when the main thread forked us
-        _die_with_forking_thread()
+    worker_setup(from_main)
     try:
         if os.getppid() != parent:
             return
@@ -86,15 +81,7 @@ def _worker_main(index, count, streams, init_fn, inbox, outbox, parent, from_mai
                         + "".join(traceback.format_exception(e))))
             return
         pending: dict = {}  # (stream, chunk) -> (positions, elements, ordinals, stage input counts)
-        while True:
-            try:
-                task = inbox.get(timeout=_POLL_S)
-            except queue.Empty:
-                if os.getppid() != parent:  # re-parented: ours is gone
-                    return
-                continue
-            if task is None:
-                return
+        for task in worker_tasks(inbox, parent):
             kind, key = task[0], task[1]
             if kind == "drop":
                 pending.pop(key, None)

@@ -65,18 +65,39 @@ def _die_with_forking_thread() -> bool:
         return False
 
 
-def _worker_main(index: int, loader, inbox, outbox, parent: int, forked_from_main: bool) -> None:
+def worker_setup(forked_from_main: bool) -> None:
+    """A forked worker's signals: Ctrl-C is the parent's, the rest default, and die with the parent.
+
+    A parent killed by SIGKILL, or one that exits through os._exit, runs no hook and never sends
+    the stop message: the worker must notice by itself, or it blocks on its inbox forever (an
+    orphan of PID 1 holding the parent's pipes open). PDEATHSIG is immediate, but it fires when
+    the *thread* that forked us ends, not the process: it is only safe when that thread is the
+    main thread (a prefetch thread that forks the workers may end long before the loader does).
+    Otherwise, and off Linux, :func:`worker_tasks` checks every ``_POLL_S`` that the parent lives.
+    """
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's: it closes the workers
     for sig in _RESET_SIGNALS:
         signal.signal(sig, signal.SIG_DFL)
-    # A parent killed by SIGKILL, or one that exits through os._exit, runs no hook and never sends
-    # the stop message: the worker must notice by itself, or it blocks on its inbox forever (an
-    # orphan of PID 1 holding the parent's pipes open). PDEATHSIG is immediate, but it fires when
-    # the *thread* that forked us ends, not the process: it is only safe when that thread is the
-    # main thread (a prefetch thread that forks the workers may end long before the loader does).
-    # Otherwise, and off Linux, the inbox wait below checks every _POLL_S that the parent lives.
     if forked_from_main:
         _die_with_forking_thread()
+
+
+def worker_tasks(inbox, parent: int):
+    """The tasks on a worker's inbox, until the stop message (None) or until ``parent`` is gone."""
+    while True:
+        try:
+            task = inbox.get(timeout=_POLL_S)
+        except queue.Empty:
+            if os.getppid() != parent:  # re-parented: ours is gone
+                return
+            continue
+        if task is None:
+            return
+        yield task
+
+
+def _worker_main(index: int, loader, inbox, outbox, parent: int, forked_from_main: bool) -> None:
+    worker_setup(forked_from_main)
     try:
         if os.getppid() != parent:  # it died before we got here
             return
@@ -84,16 +105,7 @@ def _worker_main(index: int, loader, inbox, outbox, parent: int, forked_from_mai
         reopen = getattr(source, "reopen", None)
         if reopen is not None:
             source = reopen()  # file handles and reader threads do not survive fork: open our own
-        while True:
-            try:
-                task = inbox.get(timeout=_POLL_S)
-            except queue.Empty:
-                if os.getppid() != parent:  # re-parented: ours is gone
-                    return
-                continue
-            if task is None:
-                return
-            key, payload = task
+        for key, payload in worker_tasks(inbox, parent):
             try:
                 if isinstance(key, tuple):  # ("ahead", block, part): tokenize records, answer their lengths
                     value = source.tokenize_ahead(*payload)
