@@ -1,5 +1,6 @@
 """Shared fixtures: the real data in ../shared/data (skipped with a clear message where absent)."""
 
+import itertools
 import os
 import pathlib
 
@@ -62,3 +63,8 @@ def spans_records(spans):
         mask = bytes(spans.masks[spans.buf[k]][spans.mask_at[k] : spans.mask_at[k] + n])
         out.append((np.frombuffer(ids, np.int32).tolist(), list(mask)))
     return out
+
+
+def take(it, k: int) -> list:
+    """The next ``k`` elements of ``it``, fewer where it ends."""
+    return list(itertools.islice(it, k))

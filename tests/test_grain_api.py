@@ -25,6 +25,7 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, assume, given, settings, strategies as st
 
+from conftest import take
 from portable_loader import grain as pg
 from portable_loader.errors import StateError
 from portable_loader.grain._unsupported import NotSupportedError
@@ -45,16 +46,6 @@ def canon(x):
     if isinstance(x, (list, tuple)):
         return (type(x).__name__, tuple(canon(v) for v in x))
     return ("leaf", type(x).__name__, x)
-
-
-def take(it, k: int) -> list:
-    out = []
-    for _ in range(k):
-        try:
-            out.append(next(it))
-        except StopIteration:
-            break
-    return out
 
 
 class Square(pg.transforms.Map):

@@ -24,6 +24,7 @@ import psutil
 import pytest
 from hypothesis import HealthCheck, assume, given, settings, strategies as st
 
+from conftest import take
 from portable_loader.dataset import Dataset, source
 from portable_loader.dataset import iter_iterator as iterator_mod
 from portable_loader.dataset import mp_prefetch as mp_mod
@@ -63,16 +64,6 @@ def outcome(ds) -> tuple[list, str | None]:
     finally:
         getattr(it, "close", lambda: None)()
     return out, None
-
-
-def take(it, k: int) -> list:
-    out = []
-    for _ in range(k):
-        try:
-            out.append(next(it))
-        except StopIteration:
-            break
-    return out
 
 
 def workers(n: int):
