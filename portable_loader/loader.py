@@ -321,16 +321,14 @@ class DataLoader:
     def planner(self, sampler=None) -> Planner:
         """A fresh planner of this loader's stream (or of ``sampler``'s, another number of epochs)."""
         filters = self.source.filters
-        planner = Planner(
+        return Planner(
             self.sampler if sampler is None else sampler, len(self.source), global_batch_size=self.global_batch_size,
             seq_len=self.seq_len, packing=self.packing, window=self.packing_window,
             lengths=lambda idx: _lengths(self.source, idx), overlong=self.overlong,
             cheap_lengths=self.source.cheap_lengths, accept=self.source.accepts if filters else None, filters=filters,
             skips=self._skip_spans, groups=self._groups[1],
+            count_lengths=self.shard_count > 1,  # per-source token counts cover every host's rows
         )
-        # Per-source token counts cover every host's rows: one host's batch cannot tell the others'.
-        planner.count_lengths = self.shard_count > 1
-        return planner
 
     def num_steps(self, num_epochs: int | None = None, *, estimate: bool = False) -> int:
         """Global steps that ``num_epochs`` epochs make (default: the loader's ``num_epochs``).

@@ -103,6 +103,7 @@ class Planner:
         filters: tuple[str, ...] = (),
         skips: tuple[tuple[int, int], ...] = (),
         groups: np.ndarray | None = None,
+        count_lengths: bool = False,
     ):
         overlong = overlong or ("split" if packing else "truncate")
         if overlong not in OVERLONG or (overlong == "split" and not packing):
@@ -136,7 +137,9 @@ class Planner:
         self.groups = None if groups is None else np.asarray(groups, dtype=np.int64)
         self._group_list = [] if groups is None else self.groups.tolist()
         self._window_counts: dict[int, tuple[np.ndarray, np.ndarray]] = {}  # see _window_sources
-        self.count_lengths = False  # padding: read lengths for the token counts even where they cost a read
+        # Padding: read lengths for the per-source token counts even where they cost a read (several
+        # hosts: no host's batch holds every row).
+        self.count_lengths = count_lengths
 
     def records(self, lo: int, hi: int) -> np.ndarray:
         """Record indices at global stream positions ``[lo, hi)``.
