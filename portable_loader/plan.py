@@ -317,8 +317,10 @@ class Planner:
             taken.append(recs[where])
             rejected += (hi - p) - where.size
             run = run + hi - p if not where.size else hi - p - int(where[-1]) - 1
-            if run >= self.max_rejected:
+            if run >= self.max_rejected and (self.total is None or hi < self.total):
                 raise self._reject_all(hi - run, run)
+            # (At the end of a finite stream the loop ends instead: the caller says whether it
+            # served anything, or that the filter rejected the whole stream.)
             p, need, span = hi, need - where.size, min(span * 2, _CHUNK)
         return (np.concatenate(taken) if taken else np.zeros(0, dtype=np.int64)), p, rejected
 

@@ -346,3 +346,11 @@ def test_a_map_that_edits_records_in_place_sees_each_record_fresh():
     kw = dict(global_batch_size=2, seq_len=3, packing=True, num_epochs=1, prefetch=0, overlong="split")
     filtered = Fresh().filter(lambda r: True, name="all").map(bos)
     assert same(steps(pl.DataLoader(filtered, **kw), 40)[0], steps(pl.DataLoader(Fresh().map(bos), **kw), 40)[0])
+
+
+def test_a_finite_mixture_whose_filter_rejects_all_of_it_says_so():
+    # Its 4 positions reach the run limit (2 x 2 records) exactly where the stream ends: the error
+    # must say the whole finite stream was rejected (a hypothesis draw found the run message instead).
+    ds, _, _ = build("over_mix", (recs(1, 1, 0), recs(1, 2, 0)), (lambda t: t % 3 == 0, lambda t: (t // 2) % 3 == 0))
+    with pytest.raises(FilterError, match="rejected every record of this finite stream"):
+        steps(pl.DataLoader(ds, global_batch_size=1, num_epochs=2, **KW), 1)
