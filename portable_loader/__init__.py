@@ -16,7 +16,7 @@ Example:
 
 from portable_loader.batch_size import BatchSchedule, rampup
 from portable_loader.cache import open_cache
-from portable_loader.dataset import Dataset, mix, source
+from portable_loader.dataset import Dataset, mix, pretokenized, source
 from portable_loader.dataset.tokenized import tokenized
 from portable_loader.loader import DataLoader
 from portable_loader.errors import (BadRowError, CacheError, FilterError, InputError, PortableLoaderError, StateError,
@@ -41,6 +41,7 @@ __all__ = [
     "mix",
     "open_cache",
     "precache",
+    "pretokenized",
     "rampup",
     "remove_cache",
     "source",

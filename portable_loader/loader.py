@@ -84,7 +84,7 @@ class LoaderOptions:
     global_batch_size: int | BatchSchedule
     seq_len: int
     seed: int = 0
-    packing: bool = False
+    packing: bool | str = False
     shuffle: bool | str = True
     shuffle_shards: int | None = None
     num_epochs: int | None = None
@@ -161,6 +161,9 @@ class DataLoader:
     or ``"shards"`` with ``shuffle_shards=K`` (a sharded source, e.g. a cache: each epoch permutes the
     shards and shuffles K shards' records together, for remote caches; docs/object-storage.md); by default ``input_ids``, ``loss_mask``,
     ``attention_mask``, plus ``segment_ids`` and ``positions`` when packing (docs/performance.md).
+    ``packing``: False (a record a row, padded), True (records packed best-fit into rows) or
+    ``"concat"``: the documents concatenated and cut into windows of exactly ``seq_len`` tokens,
+    served in a keyed random order, every row full (``pl.pretokenized`` corpora; docs/pretraining.md).
     ``skip_batches``: ``[(a, b), ...]``, batches ``a .. b-1`` of the unskipped stream that are never
     delivered (``unskipped(k)`` maps a delivered index to the unskipped one; ``it.skip(n)`` skips on a
     live iterator); a move of the position, not part of the config fingerprint (docs/loader.md).
@@ -183,7 +186,7 @@ class DataLoader:
         global_batch_size: int | list | BatchSchedule,
         seq_len: int,
         seed: int = 0,
-        packing: bool = False,
+        packing: bool | str = False,
         shuffle: bool | str = True,
         shuffle_shards: int | None = None,
         num_epochs: int | None = None,
@@ -216,9 +219,22 @@ class DataLoader:
             if size % shard_count:
                 what = "global_batch_size" if sizes.fixed else f"global_batch_size {sizes!r}: size"
                 raise ValueError(f"{what} {size} is not divisible by shard_count {shard_count}")
+        if packing not in (False, True, "concat"):
+            raise ValueError(f"packing must be False, True (best fit) or 'concat' (concatenate and chunk), got {packing!r}")
+        self.concat = packing == "concat"
+        self.documents = as_dataset(source)  # what was given: with_shard builds from it
+        if self.concat:
+            if overlong != "auto":
+                raise ValueError(f"overlong={overlong!r} does not apply to packing='concat': every window holds "
+                                 "exactly seq_len tokens of the concatenated documents")
+            from portable_loader.dataset.windows import concat_windows
+
+            source, packing, overlong = concat_windows(self.documents, int(seq_len)), False, "truncate"
+        else:
+            source = self.documents
         if len(source) < 1:
             raise ValueError("source is empty")
-        self.source = source = as_dataset(source)  # the rest of __init__ sees the Dataset
+        self.source = source  # the rest of __init__ sees the Dataset
         self.batch_schedule = sizes
         # An int when fixed (what most code reads); the schedule otherwise.
         self.global_batch_size = sizes.stages[0][1] if sizes.fixed else sizes
@@ -230,14 +246,14 @@ class DataLoader:
         self.packing_window, self.pad_id = int(packing_window), int(pad_id)
         self.overlong = _overlong_policy(overlong, source, self.packing)
         # Not part of the config: the fields a batch carries never change the stream or the state.
-        self.fields = check_fields(fields) if fields is not None else FIELDS if self.packing else PADDED_FIELDS
+        self.fields = check_fields(fields) if fields is not None else FIELDS if self.packing or self.concat else PADDED_FIELDS
         self.sampler = self._order(num_epochs)
         self.config = {
             "source": _source_identity(source),
             "global_batch_size": sizes.config(),
             "seq_len": self.seq_len,
             "seed": self.seed,
-            "packing": self.packing,
+            "packing": "concat" if self.concat else self.packing,
             "shuffle": self.shuffle,
             "num_epochs": num_epochs,
             "packing_window": self.packing_window if self.packing else None,
@@ -259,12 +275,12 @@ class DataLoader:
                                        compact=False)[:32]
         self._describer: list | None = None  # describe's own planner and packed cursors
         self.options = LoaderOptions(  # as given, checked: what with_shard builds another loader from
-            global_batch_size=self.global_batch_size, seq_len=self.seq_len, seed=self.seed, packing=self.packing,
-            shuffle=self.shuffle, shuffle_shards=self.shuffle_shards, num_epochs=num_epochs,
+            global_batch_size=self.global_batch_size, seq_len=self.seq_len, seed=self.seed,
+            packing="concat" if self.concat else self.packing, shuffle=self.shuffle, shuffle_shards=self.shuffle_shards, num_epochs=num_epochs,
             num_workers=self.num_workers, prefetch=self.prefetch,
             shard_index=None if shard_index_given is None else self.shard_index,
             shard_count=None if shard_count_given is None else self.shard_count,
-            packing_window=self.packing_window, pad_id=self.pad_id, overlong=overlong,
+            packing_window=self.packing_window, pad_id=self.pad_id, overlong="auto" if self.concat else overlong,
             fields=None if fields is None else tuple(self.fields), skip_batches=skips,
         )
 
@@ -299,7 +315,7 @@ class DataLoader:
             True
         """
         options = dataclasses.replace(self.options, shard_index=shard_index, shard_count=shard_count)
-        return DataLoader(self.source, **options.kwargs())
+        return DataLoader(self.documents, **options.kwargs())
 
     @property
     def local_batch_size(self) -> int:

@@ -14,8 +14,9 @@ Example:
 
 from portable_loader.dataset.base import Dataset
 from portable_loader.dataset.mixture import Mix, mix
+from portable_loader.dataset.pretokenized import Pretokenized, pretokenized
 from portable_loader.dataset.sources import source
 from portable_loader.dataset.transforms import Filter, Map
 from portable_loader.dataset.tokenized import Tokenized, tokenized  # noqa: F401
 
-__all__ = ["Dataset", "Filter", "Map", "Mix", "Tokenized", "mix", "source", "tokenized"]
+__all__ = ["Dataset", "Filter", "Map", "Mix", "Pretokenized", "Tokenized", "mix", "pretokenized", "source", "tokenized"]

@@ -102,6 +102,7 @@ class Mix(Dataset):
         self.offsets = np.concatenate([[0], np.cumsum([len(c) for c in children])]).astype(np.int64)
         self._offset_list = self.offsets.tolist()
         self.mean_lengths = tuple(_mean_length(c, n) for n, c in zip(names, children)) if unit == "tokens" else None
+        self.weights = weights  # as given: rebuilt() makes the same mixture over other sources
         self.stages = self._stages(weights)
         self.cheap_lengths = all(c.cheap_lengths for c in children)
         self.filters = tuple(f"{n}: {f}" for n, c in zip(names, children) for f in c.filters)
@@ -323,6 +324,17 @@ class Mix(Dataset):
         """The mixture's stream, keyed by ``seed``; each source gets its own key from ``seed`` and its name."""
         kids = [c.stream_order(name_key(seed, n), shuffle=shuffle) for n, c in zip(self.names, self.children)]
         return MixOrder(self.stages, kids, self.offsets, seed=seed, shuffle=shuffle, num_epochs=num_epochs)
+
+    def rebuilt(self, children, *, unit: str | None = None) -> "Mix":
+        """The same names, weights and block over ``children`` (e.g. each source cut into windows).
+
+        Example:
+            >>> import numpy as np
+            >>> m = mix({"a": [{"input_ids": np.arange(2)}], "b": [{"input_ids": np.arange(3)}]}, {"a": 1, "b": 2})
+            >>> m.rebuilt([[{"input_ids": np.arange(4)}]] * 2).stages == m.stages
+            True
+        """
+        return Mix(dict(zip(self.names, children)), self.weights, unit=unit or self.unit, block=self.block)
 
     def reopen(self) -> "Mix":
         clone = copy.copy(self)

@@ -34,6 +34,9 @@ def _records_of(rows) -> list[int]:
 
 def build_batch(source, rows, seq_len: int, pad_id: int, fields=FIELDS) -> dict[str, np.ndarray]:
     """Fetch the records a row plan names (one batched read) and collate ``fields`` of them."""
+    own = getattr(source, "collate_rows", None)  # windows of a token stream (packing="concat")
+    if own is not None:
+        return own(rows, seq_len, pad_id, fields)
     spans = getattr(source, "spans", None)
     if spans is not None:
         wanted = _records_of(rows)

@@ -1,0 +1,406 @@
+"""Token files written by other stacks (Megatron ``.bin/.idx``, OLMo ``.npy``/raw, nanoGPT ``train.bin``), memory-mapped.
+
+:func:`pretokenized` opens them as a dataset of documents (records ``{"input_ids": ...}``, views of
+the mapped files: nothing is copied) that ``pl.DataLoader``, ``pl.mix``, ``.map`` and the Grain-style
+layer take, and as one token stream (:class:`TokenStream`: the files concatenated in the order given)
+that ``DataLoader(packing="concat")`` cuts into windows of exactly ``seq_len`` tokens.
+
+Where documents begin:
+
+* ``"megatron"``: the ``.idx`` says (sequence ``i`` of megatron-core's ``IndexedDataset`` is document
+  ``i``); opening reads its 34-byte header and maps the rest.
+* ``"numpy"`` / ``"flat"``: each ``eos_token_id`` ends a document (and so does the end of a file).
+  Nothing is scanned at open: the window arithmetic needs only the token count, and a window finds
+  its own boundaries in its tokens. Counting documents (``len``, ``ds[i]``) scans each file once, in
+  chunks, the first time it is asked. Without ``eos_token_id`` a file is one document.
+
+Example:
+    >>> import numpy as np, portable_loader as pl
+    >>> np.array([5, 6, 0, 7, 0, 8, 9], np.uint16).tofile("train.bin")
+    >>> ds = pl.pretokenized("train.bin", format="flat", eos_token_id=0)
+    >>> len(ds), ds.num_tokens, ds[1]["input_ids"].tolist()
+    (3, 7, [7, 0])
+"""
+
+from __future__ import annotations
+
+import bisect
+import hashlib
+import os
+import struct
+from typing import Sequence
+
+import numpy as np
+
+from portable_loader.dataset.base import Dataset, as_indices
+
+__all__ = ["FORMATS", "Pretokenized", "TokenStream", "pretokenized"]
+
+FORMATS = ("auto", "megatron", "numpy", "flat")
+_MAGIC = b"MMIDIDX\x00\x00"
+_HEADER = len(_MAGIC) + 8 + 1 + 8 + 8  # magic, version <Q, dtype code <B, sequences <Q, documents <Q
+#: megatron-core's dtype codes in an .idx header.
+MEGATRON_DTYPES = {1: np.uint8, 2: np.int8, 3: np.int16, 4: np.int32, 5: np.int64, 6: np.float64, 7: np.float32,
+                   8: np.uint16}
+_TOKEN_DTYPES = ("uint8", "uint16", "int16", "uint32", "int32", "int64")
+_SCAN = 1 << 24  # tokens per chunk when a file is scanned for EOS (64 MiB of uint32 at most)
+_SAMPLE = 1 << 16  # bytes at each end of a file that its identity hashes
+_NONE = np.zeros(0, dtype=np.int64)
+
+
+def pretokenized(paths, *, format: str = "auto", dtype=None, eos_token_id: int | None = None) -> "Pretokenized":
+    """Open token files as a dataset of documents (see the module docstring for the formats).
+
+    ``paths``: one path (a Megatron prefix, with or without ``.bin``/``.idx``, or a file) or a list,
+    concatenated in that order. ``format="auto"`` picks ``"megatron"`` where ``PREFIX.idx`` exists,
+    ``"numpy"`` for ``.npy`` files and ``"flat"`` otherwise. ``dtype``: the tokens' type in raw files
+    (default ``uint16``, nanoGPT's and OLMo's); ``.idx`` and ``.npy`` files carry their own and a
+    ``dtype`` that disagrees is refused.
+
+    Example:
+        >>> import numpy as np
+        >>> np.save("part.npy", np.array([3, 4, 1, 5, 1], np.uint32))
+        >>> ds = pretokenized("part.npy", eos_token_id=1)
+        >>> [r["input_ids"].tolist() for r in ds]
+        [[3, 4, 1], [5, 1]]
+    """
+    if format not in FORMATS:
+        raise ValueError(f"pretokenized(format=...) must be one of {FORMATS}, got {format!r}")
+    if isinstance(paths, (str, os.PathLike)):
+        paths = [paths]
+    paths = [os.fspath(p) for p in paths]
+    if not paths:
+        raise ValueError("pretokenized() needs at least one path")
+    if eos_token_id is not None and (isinstance(eos_token_id, bool) or not isinstance(eos_token_id, (int, np.integer))
+                                     or eos_token_id < 0):
+        raise ValueError(f"eos_token_id must be a non-negative integer or None, got {eos_token_id!r}")
+    files = tuple(_open_file(p, format, dtype, eos_token_id) for p in paths)
+    return Pretokenized(files, eos_token_id)
+
+
+def _prefix(path: str) -> str:
+    return path[:-4] if path.endswith((".bin", ".idx")) else path
+
+
+def _open_file(path: str, format: str, dtype, eos) -> "_TokenFile":
+    if format == "auto":
+        if os.path.exists(_prefix(path) + ".idx"):
+            format = "megatron"
+        elif path.endswith(".npy"):
+            format = "numpy"
+        else:
+            format = "flat"
+    if format == "megatron":
+        return _MegatronFile(_prefix(path), dtype)
+    return _RawFile(path, dtype, eos)
+
+
+def _check_dtype(dtype, where: str) -> np.dtype:
+    try:
+        dt = np.dtype(dtype)
+    except TypeError:
+        raise ValueError(f"{where}: unknown dtype {dtype!r}; token files hold one of {_TOKEN_DTYPES}") from None
+    if dt.name not in _TOKEN_DTYPES:
+        raise ValueError(f"{where}: dtype {dt.name} is not a token type; token files hold one of {_TOKEN_DTYPES}")
+    return dt
+
+
+def _sample_digest(path: str, size: int) -> str:
+    """The file's identity without reading it all: its size and the bytes at both ends."""
+    h = hashlib.sha256(str(size).encode())
+    with open(path, "rb") as f:
+        h.update(f.read(_SAMPLE))
+        if size > _SAMPLE:
+            f.seek(max(_SAMPLE, size - _SAMPLE))
+            h.update(f.read(_SAMPLE))
+    return h.hexdigest()[:16]
+
+
+class _TokenFile:
+    """One mapped token file: ``tokens`` (mapped on first use, never pickled) and its documents."""
+
+    path: str
+    dtype: np.dtype
+    num_tokens: int
+    _mapped: np.ndarray | None = None
+
+    def __getstate__(self):  # a worker maps the file itself: a pickled memmap would carry every token
+        return {k: v for k, v in self.__dict__.items() if not k.startswith("_mapped")}
+
+    @property
+    def tokens(self) -> np.ndarray:
+        if self._mapped is None:
+            # A plain ndarray over the map: numpy's memmap subclass costs microseconds a slice.
+            self._mapped = self._map().view(np.ndarray)
+        return self._mapped
+
+    def starts_between(self, lo: int, hi: int, tokens: np.ndarray, scan: bool = True) -> np.ndarray:
+        """Offsets (relative to ``lo``) in ``(0, hi - lo)`` where a document starts; ``tokens`` are ``[lo, hi)``.
+
+        ``scan=False``: leave out the starts after EOS tokens (the caller finds them for a whole batch).
+        """
+        eos = getattr(self, "eos", None)
+        if not scan or eos is None or tokens.size < 2:
+            return _NONE
+        return np.flatnonzero(tokens[:-1] == eos) + 1
+
+
+class _MegatronFile(_TokenFile):
+    """``PREFIX.bin`` and ``PREFIX.idx`` as megatron-core's ``IndexedDatasetBuilder`` writes them."""
+
+    def __init__(self, prefix: str, dtype):
+        self.path, idx = prefix + ".bin", prefix + ".idx"
+        for p in (self.path, idx):
+            if not os.path.exists(p):
+                raise FileNotFoundError(f"{p}: not found (format='megatron' reads PREFIX.bin and PREFIX.idx)")
+        with open(idx, "rb") as f:
+            head = f.read(_HEADER)
+        if len(head) < _HEADER or head[: len(_MAGIC)] != _MAGIC:
+            raise ValueError(f"{idx}: not a Megatron index (no MMIDIDX header)")
+        version, code, self.count, docs = struct.unpack("<QBQQ", head[len(_MAGIC):])
+        if version != 1:
+            raise ValueError(f"{idx}: index version {version}; only version 1 (megatron-core's) is read")
+        if code not in MEGATRON_DTYPES:
+            raise ValueError(f"{idx}: unknown dtype code {code} in the header")
+        self.dtype = _check_dtype(MEGATRON_DTYPES[code], idx)
+        if dtype is not None and np.dtype(dtype) != self.dtype:
+            raise ValueError(f"{idx}: its tokens are {self.dtype.name}, but dtype={np.dtype(dtype).name} was given")
+        need = _HEADER + 12 * self.count + 8 * docs
+        idx_size = os.path.getsize(idx)
+        if idx_size not in (need, need + self.count):  # + one mode byte per sequence in multimodal indexes
+            raise ValueError(f"{idx}: {idx_size} bytes, but its header ({self.count} sequences, {docs} documents) "
+                             f"needs {need}: the index is truncated or not megatron-core's")
+        self.idx = idx
+        self.size = os.path.getsize(self.path)
+        item = self.dtype.itemsize
+        if self.size % item:
+            raise ValueError(f"{self.path}: {self.size} bytes is not a whole number of {self.dtype.name} tokens")
+        self.num_tokens = self.size // item
+        self._check_ends()
+        self.identity = ("megatron", os.path.basename(prefix), self.dtype.name, self.count,
+                         _sample_digest(self.path, self.size), _sample_digest(idx, idx_size))
+
+    def _index(self):
+        """(sequence lengths int32, sequence byte pointers int64), mapped."""
+        if self._mapped_index is None:
+            m = np.memmap(self.idx, dtype=np.uint8, mode="r").view(np.ndarray)
+            lengths = m[_HEADER : _HEADER + 4 * self.count].view(np.int32)
+            pointers = m[_HEADER + 4 * self.count : _HEADER + 12 * self.count].view(np.int64)
+            self._mapped_index = (lengths, pointers)
+        return self._mapped_index
+
+    _mapped_index = None
+
+    def _check_ends(self) -> None:
+        if not self.count:
+            return
+        lengths, pointers = self._index()
+        first, last, n = int(pointers[0]), int(pointers[-1]), int(lengths[-1])
+        end = last + n * self.dtype.itemsize
+        if first != 0 or end != self.size:
+            raise ValueError(f"{self.path}: {self.size} bytes, but {self.idx} says its {self.count} sequences end at "
+                             f"byte {end} (first at {first}): the pair does not match; nothing is served from it")
+
+    def _map(self) -> np.ndarray:
+        if not self.num_tokens:
+            return np.zeros(0, dtype=self.dtype)
+        return np.memmap(self.path, dtype=self.dtype, mode="r")
+
+    def num_docs(self) -> int:
+        return self.count
+
+    def doc_span(self, i: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        lengths, pointers = self._index()
+        return pointers[i] // self.dtype.itemsize, lengths[i].astype(np.int64)
+
+    def starts_between(self, lo: int, hi: int, tokens: np.ndarray, scan: bool = True) -> np.ndarray:
+        pointers = self._index()[1]
+        item = self.dtype.itemsize
+        a, b = np.searchsorted(pointers, [(lo + 1) * item, hi * item])  # binary search: log(sequences) pages
+        return pointers[a:b] // item - lo
+
+
+class _RawFile(_TokenFile):
+    """An ``.npy`` array or a raw file of tokens; documents end at ``eos`` (found by a scan when asked)."""
+
+    def __init__(self, path: str, dtype, eos):
+        if not os.path.exists(path):
+            raise FileNotFoundError(f"{path}: not found")
+        self.path, self.eos, self.size = path, eos, os.path.getsize(path)
+        if path.endswith(".npy"):
+            arr = np.load(path, mmap_mode="r")
+            if arr.ndim != 1:
+                raise ValueError(f"{path}: a {arr.ndim}-d array; token files are 1-d")
+            self.dtype = _check_dtype(arr.dtype, path)
+            if dtype is not None and np.dtype(dtype) != self.dtype:
+                raise ValueError(f"{path}: its tokens are {self.dtype.name}, but dtype={np.dtype(dtype).name} was given")
+            self.offset, self.num_tokens = int(arr.offset), int(arr.shape[0])
+        else:
+            self.dtype = _check_dtype("uint16" if dtype is None else dtype, path)
+            if self.size % self.dtype.itemsize:
+                raise ValueError(f"{path}: {self.size} bytes is not a whole number of {self.dtype.name} tokens "
+                                 "(is dtype right?)")
+            self.offset, self.num_tokens = 0, self.size // self.dtype.itemsize
+        self.identity = ("tokens", os.path.basename(path), self.dtype.name, self.num_tokens,
+                         _sample_digest(path, self.size))
+        self._starts: np.ndarray | None = None
+
+    def __getstate__(self):
+        state = super().__getstate__()
+        state["_starts"] = None  # a scan is cheaper to redo than to pickle to every worker
+        return state
+
+    def _map(self) -> np.ndarray:
+        if not self.num_tokens:
+            return np.zeros(0, dtype=self.dtype)
+        return np.memmap(self.path, dtype=self.dtype, mode="r", offset=self.offset, shape=(self.num_tokens,))
+
+    def doc_starts(self) -> np.ndarray:
+        """Every document's first token offset, plus ``num_tokens`` at the end (one scan, kept)."""
+        if self._starts is None:
+            parts = [np.zeros(1, dtype=np.int64)]
+            if self.eos is not None:
+                t = self.tokens
+                for lo in range(0, self.num_tokens, _SCAN):
+                    hit = np.flatnonzero(t[lo : lo + _SCAN] == self.eos)
+                    parts.append(hit.astype(np.int64) + (lo + 1))
+            starts = np.concatenate(parts + [np.array([self.num_tokens], dtype=np.int64)])
+            self._starts = np.unique(starts)  # an EOS last in the file starts no document
+            if self.num_tokens == 0:
+                self._starts = np.zeros(1, dtype=np.int64)
+        return self._starts
+
+    def num_docs(self) -> int:
+        return self.doc_starts().size - 1
+
+    def doc_span(self, i: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        s = self.doc_starts()
+        return s[i], s[i + 1] - s[i]
+
+
+class TokenStream:
+    """The files' tokens back to back: ``read(lo, hi)`` -> (tokens, loss mask or None, document starts).
+
+    The starts are offsets in ``(0, hi - lo)`` where a document begins (file boundaries included);
+    what ``DataLoader(packing="concat")`` turns into ``segment_ids`` and ``positions``.
+
+    Example:
+        >>> import numpy as np, portable_loader as pl
+        >>> np.array([5, 6, 0, 7, 0, 8, 9], np.uint16).tofile("stream.bin")
+        >>> tokens, mask, starts = pl.pretokenized("stream.bin", eos_token_id=0).stream().read(1, 6)
+        >>> tokens.tolist(), mask, starts.tolist()
+        ([6, 0, 7, 0, 8], None, [2, 4])
+    """
+
+    def __init__(self, files: Sequence[_TokenFile]):
+        self.files = tuple(files)
+        self.bounds = [0]
+        for f in self.files:
+            self.bounds.append(self.bounds[-1] + f.num_tokens)
+        self.num_tokens = self.bounds[-1]
+        eos = {getattr(f, "eos", None) for f in self.files}
+        #: The EOS that ends documents in every file (None where an index or nothing does): a reader
+        #: of many windows then finds those starts for all of them at once (``read(..., scan=False)``).
+        self.eos = eos.pop() if len(eos) == 1 else None
+
+    def read(self, lo: int, hi: int, scan: bool = True) -> tuple[np.ndarray, None, np.ndarray]:
+        if not 0 <= lo <= hi <= self.num_tokens:
+            raise IndexError(f"tokens [{lo}, {hi}) are outside the stream's {self.num_tokens}")
+        k = bisect.bisect_right(self.bounds, lo) - 1
+        first = self.bounds[k]
+        if hi <= self.bounds[k + 1]:  # one file: a view of the map
+            f = self.files[k]
+            tokens = f.tokens[lo - first : hi - first]
+            return tokens, None, f.starts_between(lo - first, hi - first, tokens, scan)
+        parts, starts = [], []
+        while lo < hi:
+            while self.bounds[k + 1] <= lo:  # empty files start nothing
+                k += 1
+            first, f = self.bounds[k], self.files[k]
+            end = min(hi, self.bounds[k + 1])
+            piece = f.tokens[lo - first : end - first]
+            at = sum(p.size for p in parts)
+            if at:
+                starts.append(np.array([at], dtype=np.int64))  # a new file starts a new document
+            starts.append(f.starts_between(lo - first, end - first, piece, scan) + at)
+            parts.append(piece)
+            lo = end
+        return np.concatenate(parts), None, np.concatenate(starts)
+
+
+class Pretokenized(Dataset):
+    """Documents of token files (built by :func:`pretokenized`); ``stream()`` is their token stream.
+
+    Example:
+        >>> import numpy as np
+        >>> np.array([1, 2, 3, 0, 4], np.uint16).tofile("a.bin")
+        >>> ds = pretokenized("a.bin", eos_token_id=0)
+        >>> ds.lengths([0, 1]).tolist(), ds.num_tokens
+        ([4, 1], 5)
+    """
+
+    cheap_lengths = True
+
+    def __init__(self, files: Sequence[_TokenFile], eos_token_id: int | None = None):
+        self.files, self.eos_token_id = tuple(files), eos_token_id
+        self._stream = TokenStream(self.files)
+        self.num_tokens = self._stream.num_tokens
+        self._doc_bounds: list[int] | None = None
+
+    def stream(self) -> TokenStream:
+        """The token stream (files back to back) that ``packing="concat"`` cuts into windows."""
+        return self._stream
+
+    def _docs(self) -> list[int]:
+        if self._doc_bounds is None:
+            bounds = [0]
+            for f in self.files:
+                bounds.append(bounds[-1] + f.num_docs())
+            self._doc_bounds = bounds
+        return self._doc_bounds
+
+    def __getstate__(self):
+        return {**self.__dict__, "_doc_bounds": None}
+
+    def __len__(self) -> int:
+        return self._docs()[-1]
+
+    def _spans(self, indices) -> list[tuple[_TokenFile, np.ndarray, np.ndarray, np.ndarray]]:
+        """Per file: (file, positions in ``indices``, first token, length) of the documents asked for."""
+        idx = as_indices(indices)
+        n = len(self)
+        if idx.size and (idx.min() < 0 or idx.max() >= n):
+            bad = int(idx[(idx < 0) | (idx >= n)][0])
+            raise IndexError(f"document {bad} is out of range: {self._where()} holds {n} documents")
+        bounds = np.asarray(self._docs(), dtype=np.int64)
+        which = np.searchsorted(bounds, idx, side="right") - 1
+        out = []
+        for k in np.unique(which).tolist():
+            at = np.flatnonzero(which == k)
+            start, length = self.files[k].doc_span(idx[at] - bounds[k])
+            out.append((self.files[k], at, start, length))
+        return out
+
+    def __getitems__(self, indices) -> list:
+        records: list = [None] * len(as_indices(indices))
+        for f, at, start, length in self._spans(indices):
+            tokens = f.tokens
+            for j, s, n in zip(at.tolist(), start.tolist(), length.tolist()):
+                records[j] = {"input_ids": tokens[s : s + n]}
+        return records
+
+    def lengths(self, indices) -> np.ndarray:
+        out = np.zeros(len(as_indices(indices)), dtype=np.int64)
+        for _, at, _, length in self._spans(indices):
+            out[at] = length
+        return out
+
+    def _where(self) -> str:
+        names = [f.path for f in self.files]
+        return names[0] if len(names) == 1 else f"{names[0]} and {len(names) - 1} more files"
+
+    def _identity(self) -> tuple:
+        return ("pretokenized", self.eos_token_id, tuple(f.identity for f in self.files))
+
+    def __repr__(self) -> str:
+        return f"Pretokenized({self._where()}; tokens={self.num_tokens}, fingerprint={self.fingerprint()})"
