@@ -302,7 +302,11 @@ def test_a_token_share_mixture_of_corpora_holds_its_shares(tmp_path):
     counts = {"a": 0, "b": 0}
     with iter(pl.DataLoader(m, global_batch_size=8, seq_len=128, seed=0, packing="concat")) as it:
         for _ in range(200):
-            ids = next(it)["input_ids"]
+            batch = next(it)
+            ids = batch["input_ids"]
+            after_eos = np.concatenate([np.ones((8, 1), bool), ids[:, :-1] == EOS], axis=1)
+            assert np.array_equal(batch["positions"] == 0, after_eos)  # each source's own document starts
+            assert np.array_equal(np.cumsum(after_eos, axis=1), batch["segment_ids"])
             counts["a"] += int(((ids >= 1) & (ids < 1000)).sum())
             counts["b"] += int((ids >= 1000).sum())
         sources = it.stats["sources"]

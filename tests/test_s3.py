@@ -300,3 +300,28 @@ def test_tokenized_reads_a_url(published):
     want, _ = batches(pl.open_cache(published[2]))
     for a, b in zip(got, want):
         assert all(np.array_equal(a[k], b[k]) for k in a)
+
+
+def test_pretokenized_files_by_url_serve_the_local_files_batches(s3, tmp_path):
+    from test_pretokenized import write_megatron
+
+    fs, _ = s3
+    rng = np.random.default_rng(3)
+    docs = [rng.integers(1, 3000, rng.integers(1, 90)).tolist() for _ in range(60)]
+    prefix = write_megatron(tmp_path / "m", docs, np.uint16)
+    flat = np.array([t for d in docs for t in d + [0]], dtype=np.uint32)
+    np.save(tmp_path / "f.npy", flat)
+    for name in ("m.bin", "m.idx", "f.npy"):
+        fs.put_file(str(tmp_path / name), f"bkt/pt/{name}")
+    for local, url, kw in ((prefix, "s3://bkt/pt/m", {}), (str(tmp_path / "f.npy"), "s3://bkt/pt/f.npy", {"eos_token_id": 0})):
+        a, b = pl.pretokenized(local, **kw), pl.pretokenized(url, **kw)
+        assert len(a) == len(b) and [r["input_ids"].tolist() for r in a] == [r["input_ids"].tolist() for r in b]
+        got = [list(pl.DataLoader(ds, global_batch_size=4, seq_len=32, seed=1, packing="concat", num_epochs=1,
+                                  num_workers=w)) for ds, w in ((a, 0), (b, 2))]
+        assert len(got[0]) == len(got[1]) > 0
+        for x, y in zip(*got):
+            assert all(np.array_equal(x[k], y[k]) for k in x)
+    fs.pipe_file("bkt/pt/short.bin", fs.cat_file("bkt/pt/m.bin")[:-2])
+    fs.put_file(str(tmp_path / "m.idx"), "bkt/pt/short.idx")
+    with pytest.raises(ValueError, match="short.bin.*does not match"):
+        pl.pretokenized("s3://bkt/pt/short")

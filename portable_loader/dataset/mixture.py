@@ -282,6 +282,36 @@ class Mix(Dataset):
                 out[w] = r
         return out
 
+    @property
+    def collate_rows(self):
+        """``collate_rows(rows, seq_len, pad_id, fields)``: a batch of windows (``packing="concat"``),
+        each source filling the rows of its own windows; present when every source has it.
+
+        Example:
+            >>> from portable_loader.dataset.windows import concat_windows
+            >>> m = concat_windows(mix({"a": [{"input_ids": np.arange(1, 9)}], "b": [{"input_ids": np.arange(9, 13)}]},
+            ...                        {"a": 1, "b": 1}), 4)
+            >>> m.collate_rows([[(2, 0, 4)], [(0, 0, 4)]], 4, fields=("input_ids", "attention_mask"))["input_ids"].tolist()
+            [[9, 10, 11, 12], [1, 2, 3, 4]]
+        """
+        if not all(callable(getattr(c, "collate_rows", None)) for c in self.children):
+            raise AttributeError("this mixture has no 'collate_rows': a source of it is not cut into windows")
+        return self._collate_rows
+
+    def _collate_rows(self, rows, seq_len: int, pad_id: int = 0, fields=None) -> dict[str, np.ndarray]:
+        full = [r for r, row in enumerate(rows) if row]
+        parts = []
+        for i, where, rec in self._groups([rows[r][0][0] for r in full])[1]:
+            part = self.children[i].collate_rows([[(w, 0, seq_len)] for w in rec.tolist()], seq_len, pad_id, fields)
+            parts.append((np.asarray(full)[where], part))
+        out = {}
+        for name, values in parts[0][1].items():
+            out[name] = np.full((len(rows), seq_len), pad_id if name == "input_ids" else 0, dtype=values.dtype)
+        for at, part in parts:
+            for name, values in part.items():
+                out[name][at] = values
+        return out
+
     def lengths(self, indices) -> np.ndarray:
         n, groups = self._groups(indices)
         out = np.empty(n, dtype=np.int64)

@@ -33,6 +33,7 @@ from typing import Sequence
 import numpy as np
 
 from portable_loader.dataset.base import Dataset, as_indices
+from portable_loader.io.remote import filesystem, is_url, object_identity
 
 __all__ = ["FORMATS", "Pretokenized", "TokenStream", "pretokenized"]
 
@@ -52,7 +53,8 @@ def pretokenized(paths, *, format: str = "auto", dtype=None, eos_token_id: int |
     """Open token files as a dataset of documents (see the module docstring for the formats).
 
     ``paths``: one path (a Megatron prefix, with or without ``.bin``/``.idx``, or a file) or a list,
-    concatenated in that order. ``format="auto"`` picks ``"megatron"`` where ``PREFIX.idx`` exists,
+    concatenated in that order; local, or URLs (``s3://...``: each window is a ranged read, an
+    ``.idx`` is read whole once). ``format="auto"`` picks ``"megatron"`` where ``PREFIX.idx`` exists,
     ``"numpy"`` for ``.npy`` files and ``"flat"`` otherwise. ``dtype``: the tokens' type in raw files
     (default ``uint16``, nanoGPT's and OLMo's); ``.idx`` and ``.npy`` files carry their own and a
     ``dtype`` that disagrees is refused.
@@ -68,7 +70,7 @@ def pretokenized(paths, *, format: str = "auto", dtype=None, eos_token_id: int |
         raise ValueError(f"pretokenized(format=...) must be one of {FORMATS}, got {format!r}")
     if isinstance(paths, (str, os.PathLike)):
         paths = [paths]
-    paths = [os.fspath(p) for p in paths]
+    paths = [p if is_url(p) else os.fspath(p) for p in paths]
     if not paths:
         raise ValueError("pretokenized() needs at least one path")
     if eos_token_id is not None and (isinstance(eos_token_id, bool) or not isinstance(eos_token_id, (int, np.integer))
@@ -84,7 +86,7 @@ def _prefix(path: str) -> str:
 
 def _open_file(path: str, format: str, dtype, eos) -> "_TokenFile":
     if format == "auto":
-        if os.path.exists(_prefix(path) + ".idx"):
+        if _Bytes(_prefix(path) + ".idx").exists():
             format = "megatron"
         elif path.endswith(".npy"):
             format = "numpy"
@@ -105,15 +107,71 @@ def _check_dtype(dtype, where: str) -> np.dtype:
     return dt
 
 
-def _sample_digest(path: str, size: int) -> str:
-    """The file's identity without reading it all: its size and the bytes at both ends."""
-    h = hashlib.sha256(str(size).encode())
-    with open(path, "rb") as f:
-        h.update(f.read(_SAMPLE))
+class _Bytes:
+    """A local file or an object behind a URL: its size, ranged reads, a map of it, its identity."""
+
+    def __init__(self, path: str):
+        self.path, self.remote = path, is_url(path)
+
+    def exists(self) -> bool:
+        if not self.remote:
+            return os.path.exists(self.path)
+        fs, p = filesystem(self.path)
+        return fs.exists(p)
+
+    def size(self) -> int:
+        if not self.remote:
+            return os.path.getsize(self.path)
+        return object_identity(self.path)["size"]
+
+    def read(self, start: int, end: int) -> bytes:
+        if not self.remote:
+            with open(self.path, "rb") as f:
+                f.seek(start)
+                return f.read(end - start)
+        fs, p = filesystem(self.path)
+        return fs.cat_file(p, start=start, end=end)
+
+    def array(self, dtype, offset: int = 0, count: int | None = None) -> np.ndarray:
+        """The file's bytes from ``offset`` as ``dtype``: a map of a local file; a URL's are read once."""
+        if not self.remote:
+            shape = None if count is None else (count,)
+            return np.memmap(self.path, dtype=dtype, mode="r", offset=offset, shape=shape).view(np.ndarray)
+        return _Ranged(self, np.dtype(dtype), offset, count)
+
+    def digest(self, size: int) -> str:
+        """The identity without reading it all: a URL's ETag and size, a file's size and both ends."""
+        if self.remote:
+            return hashlib.sha256(repr(sorted(object_identity(self.path).items())).encode()).hexdigest()[:16]
+        h = hashlib.sha256(str(size).encode())
+        h.update(self.read(0, _SAMPLE))
         if size > _SAMPLE:
-            f.seek(max(_SAMPLE, size - _SAMPLE))
-            h.update(f.read(_SAMPLE))
-    return h.hexdigest()[:16]
+            h.update(self.read(max(_SAMPLE, size - _SAMPLE), size))
+        return h.hexdigest()[:16]
+
+
+class _Ranged:
+    """Tokens of an object behind a URL, sliced like an array: each slice is one ranged read."""
+
+    def __init__(self, where: _Bytes, dtype: np.dtype, offset: int, count: int | None):
+        self.where, self.dtype, self.offset = where, dtype, offset
+        self.size = count if count is not None else (where.size() - offset) // dtype.itemsize
+        self.shape = (self.size,)
+
+    def __len__(self) -> int:
+        return self.size
+
+    def __getitem__(self, key: slice) -> np.ndarray:
+        lo, hi, step = key.indices(self.size)
+        if step != 1:
+            raise IndexError("a remote token file is read in contiguous slices")
+        if hi <= lo:
+            return np.zeros(0, dtype=self.dtype)
+        item = self.dtype.itemsize
+        return np.frombuffer(self.where.read(self.offset + lo * item, self.offset + hi * item), dtype=self.dtype)
+
+    def view(self, _):
+        return self
 
 
 class _TokenFile:
@@ -151,10 +209,9 @@ class _MegatronFile(_TokenFile):
     def __init__(self, prefix: str, dtype):
         self.path, idx = prefix + ".bin", prefix + ".idx"
         for p in (self.path, idx):
-            if not os.path.exists(p):
+            if not _Bytes(p).exists():
                 raise FileNotFoundError(f"{p}: not found (format='megatron' reads PREFIX.bin and PREFIX.idx)")
-        with open(idx, "rb") as f:
-            head = f.read(_HEADER)
+        head = _Bytes(idx).read(0, _HEADER)
         if len(head) < _HEADER or head[: len(_MAGIC)] != _MAGIC:
             raise ValueError(f"{idx}: not a Megatron index (no MMIDIDX header)")
         version, code, self.count, docs = struct.unpack("<QBQQ", head[len(_MAGIC):])
@@ -166,24 +223,25 @@ class _MegatronFile(_TokenFile):
         if dtype is not None and np.dtype(dtype) != self.dtype:
             raise ValueError(f"{idx}: its tokens are {self.dtype.name}, but dtype={np.dtype(dtype).name} was given")
         need = _HEADER + 12 * self.count + 8 * docs
-        idx_size = os.path.getsize(idx)
+        idx_size = _Bytes(idx).size()
         if idx_size not in (need, need + self.count):  # + one mode byte per sequence in multimodal indexes
             raise ValueError(f"{idx}: {idx_size} bytes, but its header ({self.count} sequences, {docs} documents) "
                              f"needs {need}: the index is truncated or not megatron-core's")
         self.idx = idx
-        self.size = os.path.getsize(self.path)
+        self.size = _Bytes(self.path).size()
         item = self.dtype.itemsize
         if self.size % item:
             raise ValueError(f"{self.path}: {self.size} bytes is not a whole number of {self.dtype.name} tokens")
         self.num_tokens = self.size // item
         self._check_ends()
         self.identity = ("megatron", os.path.basename(prefix), self.dtype.name, self.count,
-                         _sample_digest(self.path, self.size), _sample_digest(idx, idx_size))
+                         _Bytes(self.path).digest(self.size), _Bytes(idx).digest(idx_size))
 
     def _index(self):
         """(sequence lengths int32, sequence byte pointers int64), mapped."""
         if self._mapped_index is None:
-            m = np.memmap(self.idx, dtype=np.uint8, mode="r").view(np.ndarray)
+            where = _Bytes(self.idx)
+            m = np.frombuffer(where.read(0, where.size()), np.uint8) if where.remote else where.array(np.uint8)
             lengths = m[_HEADER : _HEADER + 4 * self.count].view(np.int32)
             pointers = m[_HEADER + 4 * self.count : _HEADER + 12 * self.count].view(np.int64)
             self._mapped_index = (lengths, pointers)
@@ -204,7 +262,7 @@ class _MegatronFile(_TokenFile):
     def _map(self) -> np.ndarray:
         if not self.num_tokens:
             return np.zeros(0, dtype=self.dtype)
-        return np.memmap(self.path, dtype=self.dtype, mode="r")
+        return _Bytes(self.path).array(self.dtype)
 
     def num_docs(self) -> int:
         return self.count
@@ -224,25 +282,25 @@ class _RawFile(_TokenFile):
     """An ``.npy`` array or a raw file of tokens; documents end at ``eos`` (found by a scan when asked)."""
 
     def __init__(self, path: str, dtype, eos):
-        if not os.path.exists(path):
+        where = _Bytes(path)
+        if not where.exists():
             raise FileNotFoundError(f"{path}: not found")
-        self.path, self.eos, self.size = path, eos, os.path.getsize(path)
+        self.path, self.eos, self.size = path, eos, where.size()
         if path.endswith(".npy"):
-            arr = np.load(path, mmap_mode="r")
-            if arr.ndim != 1:
-                raise ValueError(f"{path}: a {arr.ndim}-d array; token files are 1-d")
-            self.dtype = _check_dtype(arr.dtype, path)
+            shape, fortran, npy_dtype, self.offset = _npy_header(where, path)
+            if len(shape) != 1:
+                raise ValueError(f"{path}: a {len(shape)}-d array; token files are 1-d")
+            self.dtype = _check_dtype(npy_dtype, path)
             if dtype is not None and np.dtype(dtype) != self.dtype:
                 raise ValueError(f"{path}: its tokens are {self.dtype.name}, but dtype={np.dtype(dtype).name} was given")
-            self.offset, self.num_tokens = int(arr.offset), int(arr.shape[0])
+            self.num_tokens = int(shape[0])
         else:
             self.dtype = _check_dtype("uint16" if dtype is None else dtype, path)
             if self.size % self.dtype.itemsize:
                 raise ValueError(f"{path}: {self.size} bytes is not a whole number of {self.dtype.name} tokens "
                                  "(is dtype right?)")
             self.offset, self.num_tokens = 0, self.size // self.dtype.itemsize
-        self.identity = ("tokens", os.path.basename(path), self.dtype.name, self.num_tokens,
-                         _sample_digest(path, self.size))
+        self.identity = ("tokens", os.path.basename(path), self.dtype.name, self.num_tokens, where.digest(self.size))
         self._starts: np.ndarray | None = None
 
     def __getstate__(self):
@@ -253,7 +311,7 @@ class _RawFile(_TokenFile):
     def _map(self) -> np.ndarray:
         if not self.num_tokens:
             return np.zeros(0, dtype=self.dtype)
-        return np.memmap(self.path, dtype=self.dtype, mode="r", offset=self.offset, shape=(self.num_tokens,))
+        return _Bytes(self.path).array(self.dtype, self.offset, self.num_tokens)
 
     def doc_starts(self) -> np.ndarray:
         """Every document's first token offset, plus ``num_tokens`` at the end (one scan, kept)."""
@@ -276,6 +334,20 @@ class _RawFile(_TokenFile):
     def doc_span(self, i: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         s = self.doc_starts()
         return s[i], s[i + 1] - s[i]
+
+
+def _npy_header(where: _Bytes, path: str) -> tuple[tuple, bool, np.dtype, int]:
+    """(shape, fortran order, dtype, where the data starts) from an ``.npy`` file's header."""
+    import io
+
+    head = io.BytesIO(where.read(0, 1 << 16))
+    try:
+        version = np.lib.format.read_magic(head)
+        read = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
+        shape, fortran, dtype = read(head)
+    except ValueError as e:
+        raise ValueError(f"{path}: not a readable .npy file ({e})") from None
+    return shape, fortran, dtype, head.tell()
 
 
 class TokenStream:
