@@ -19,8 +19,8 @@ from portable_loader.cache import open_cache
 from portable_loader.dataset import Dataset, mix, pretokenized, source
 from portable_loader.dataset.tokenized import tokenized
 from portable_loader.loader import DataLoader
-from portable_loader.errors import (BadRowError, CacheError, FilterError, InputError, PortableLoaderError, StateError,
-                                   TokenizerError)
+from portable_loader.errors import (BadRowError, CacheError, FilterError, InputError, PortableLoaderError,
+                                   PositionOutOfRange, StateError, TokenizerError, WorkerError)
 from portable_loader.precache import cache_info, list_caches, precache, remove_cache
 from portable_loader.sampler import LCGSampler
 
@@ -34,8 +34,10 @@ __all__ = [
     "InputError",
     "LCGSampler",
     "PortableLoaderError",
+    "PositionOutOfRange",
     "StateError",
     "TokenizerError",
+    "WorkerError",
     "cache_info",
     "list_caches",
     "mix",

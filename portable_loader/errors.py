@@ -67,3 +67,28 @@ class StateError(PortableLoaderError):
 
     def __reduce__(self):  # survives the trip from a worker process
         return (type(self), (self.field, self.problem))
+
+
+class PositionOutOfRange(PortableLoaderError, IndexError):
+    """A stream position past the end of a finite stream (a sampler's or another stream order's).
+
+    It is a ``ValueError`` for callers and an ``IndexError`` for Grain, whose ``DataLoader`` reads a
+    sampler until ``IndexError`` when it has no length.
+
+    Example:
+        >>> from portable_loader import LCGSampler
+        >>> LCGSampler(4, seed=0, num_epochs=1).stream_indices([4])
+        Traceback (most recent call last):
+        portable_loader.errors.PositionOutOfRange: index must be in [0, 4) for this sampler's stream, got 4
+    """
+
+
+class WorkerError(RuntimeError):
+    """A loader worker (a process or the prefetch thread) failed or died; the message holds the
+    worker's own traceback, or how it ended.
+
+    Example:
+        >>> raise WorkerError("loader worker 0 (pid 4242) exited unexpectedly with code -9")
+        Traceback (most recent call last):
+        portable_loader.errors.WorkerError: loader worker 0 (pid 4242) exited unexpectedly with code -9
+    """

@@ -47,7 +47,8 @@ import numpy as np
 from portable_loader.batch_size import BatchSchedule, as_schedule
 from portable_loader.collate import OVERLONG, Piece, count_rows, pack
 from portable_loader.errors import FilterError
-from portable_loader.sampler import LCGSampler, _splitmix64
+from portable_loader.keyed import splitmix64 as _splitmix64
+from portable_loader.sampler import LCGSampler
 
 if TYPE_CHECKING:  # the dataset package imports the planner's module
     from portable_loader.dataset.protocols import StreamOrder

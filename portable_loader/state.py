@@ -188,6 +188,28 @@ def _int_field(state: dict, name: str) -> int:
     return value
 
 
+def _version_problem(version) -> str:
+    """Why a state of ``version`` is refused: the version that saved it, the one read here, what to do.
+
+    Example:
+        >>> print(_version_problem(2))
+        2 is not 3 (saved by state version 2 of an older portable_loader, whose positions and fingerprints
+        differ; this one reads state version 3 only: resume that run with the release that saved it): refused
+        >>> print(_version_problem("3"))
+        '3' is not 3 (a state version is an integer; this portable_loader reads state version 3): refused
+    """
+    if isinstance(version, bool) or not isinstance(version, int):
+        return (f"{version!r:.40} is not {STATE_VERSION} (a state version is an integer; this portable_loader "
+                f"reads state version {STATE_VERSION}): refused")
+    if version < STATE_VERSION:
+        saved = "an older portable_loader, whose positions and fingerprints differ"
+        then = "resume that run with the release that saved it"
+    else:
+        saved, then = "a newer portable_loader", "upgrade portable_loader to resume it"
+    return (f"{version} is not {STATE_VERSION} (saved by state version {version} of {saved}; "
+            f"this one reads state version {STATE_VERSION} only: {then}): refused")
+
+
 def check_state(raw, loader, planner: Planner, sources: list | None = None) -> Cursor:
     """Validate a state for ``loader`` and return the position it names; ``StateError`` otherwise.
 
@@ -196,12 +218,11 @@ def check_state(raw, loader, planner: Planner, sources: list | None = None) -> C
     counts (zeros for a state saved before they were kept).
     """
     state = parse_state(raw)
-    version = state.get("version")
+    if "version" not in state:
+        raise StateError("version", f"is missing (this portable_loader reads state version {STATE_VERSION})")
+    version = state["version"]
     if version != STATE_VERSION or isinstance(version, bool):
-        older = isinstance(version, int) and not isinstance(version, bool) and version < STATE_VERSION
-        why = (" (written by an older portable_loader, whose positions and fingerprints differ: resume that "
-               "run with the version that saved it)") if older else ""
-        raise StateError("version", f"{version!r} is not {STATE_VERSION}{why}: refused")
+        raise StateError("version", _version_problem(version))
     missing = [k for k in _FIELDS if k not in state]
     if missing:
         raise StateError(missing[0], "is missing")

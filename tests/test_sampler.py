@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from portable_loader import LCGSampler
-from portable_loader.sampler import PositionOutOfRange
+from portable_loader.errors import PositionOutOfRange
 
 M64 = (1 << 64) - 1
 
@@ -310,15 +310,15 @@ def test_position_past_end_of_finite_stream():
 @settings(max_examples=200, deadline=None)
 @given(st.integers(1, 2**40), st.integers(0, 2**64 - 1), st.integers(0, 2**20))
 def test_few_positions_in_python_integers_equal_the_numpy_path(n, seed, epoch):
-    from portable_loader.sampler import _FEW, _EpochPermutation
+    from portable_loader.keyed import FEW, KeyedPermutation
 
-    perm = _EpochPermutation(n, seed, epoch)
-    pos = np.unique(np.random.default_rng(seed % 1000).integers(0, n, 4 * _FEW, dtype=np.int64))
-    vectorized = perm(pos.view(np.uint64))  # more than _FEW: numpy
+    perm = KeyedPermutation(n, seed, epoch)
+    pos = np.unique(np.random.default_rng(seed % 1000).integers(0, n, 4 * FEW, dtype=np.int64))
+    vectorized = perm(pos.view(np.uint64))  # more than FEW: numpy
     assert [perm.one(x) for x in pos.tolist()] == vectorized.tolist()
     assert perm(pos[:3].view(np.uint64)).tolist() == vectorized[:3].tolist()
     s = LCGSampler(n, seed=seed % 2**32, shard_index=1 % max(1, min(n, 3)), shard_count=max(1, min(n, 3)))
-    stream = np.random.default_rng(epoch).integers(0, min(len(s), 10**15), 3 * _FEW)
+    stream = np.random.default_rng(epoch).integers(0, min(len(s), 10**15), 3 * FEW)
     assert s.stream_indices(stream[:5]).tolist() == s.stream_indices(stream)[:5].tolist()
 
 

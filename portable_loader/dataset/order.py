@@ -26,7 +26,8 @@ from typing import NamedTuple, Sequence
 
 import numpy as np
 
-from portable_loader.sampler import PositionOutOfRange, _EpochPermutation, _evict_oldest, _splitmix64
+from portable_loader.errors import PositionOutOfRange
+from portable_loader.keyed import KeyedPermutation, keep, splitmix64, subkey
 
 __all__ = ["MixOrder", "Stage", "hamilton", "name_key"]
 
@@ -63,7 +64,7 @@ def name_key(seed: int, name: str) -> int:
         True
     """
     h = int.from_bytes(hashlib.blake2b(name.encode(), digest_size=8).digest(), "little")
-    return _splitmix64(seed ^ h)
+    return splitmix64(seed ^ h)
 
 
 def _runs(keys: np.ndarray) -> list[tuple[int, np.ndarray]]:
@@ -130,10 +131,7 @@ class MixOrder:
         """Counts of stage ``k``'s first ``b`` blocks, kept for the next block (which starts there)."""
         got = self._blocks.get((k, b))
         if got is None:
-            got = self.stages[k].counts(b)
-            if len(self._blocks) >= _CACHED_BLOCKS:
-                _evict_oldest(self._blocks)
-            self._blocks[(k, b)] = got
+            got = keep(self._blocks, (k, b), self.stages[k].counts(b), _CACHED_BLOCKS)
         return got
 
     def _block(self, k: int, b: int) -> tuple[np.ndarray, np.ndarray]:
@@ -148,15 +146,13 @@ class MixOrder:
         if got is None:
             perm = None
             if self.shuffle:
-                key = _splitmix64(self.seed ^ _splitmix64(_splitmix64(k ^ _BLOCK_SALT) ^ b))
+                # Block b of stage k: a family per stage, whose salt is the stage's own subkey.
+                key = subkey(self.seed, b, splitmix64(k ^ _BLOCK_SALT))
                 # LCGSampler(block, seed=key).record_indices(slots), without re-checking our own slots
-                perm = _EpochPermutation(self.stages[k].block, key, 0)
+                perm = KeyedPermutation(self.stages[k].block, key, 0)
             before, after = self._counts(k, b), self._counts(k, b + 1)
             first = [x + y for x, y in zip(self.stages[k].base, before)]
-            got = (perm, first, [y - x for x, y in zip(before, after)])
-            if len(self._orders) >= _CACHED_ORDERS:
-                _evict_oldest(self._orders)
-            self._orders[(k, b)] = got
+            got = keep(self._orders, (k, b), (perm, first, [y - x for x, y in zip(before, after)]), _CACHED_ORDERS)
         return got
 
     def _slots(self, k: int, b: int, slots: np.ndarray) -> np.ndarray:

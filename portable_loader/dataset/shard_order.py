@@ -32,7 +32,8 @@ from typing import Sequence
 
 import numpy as np
 
-from portable_loader.sampler import PositionOutOfRange, _as_int64, _check_int, _EpochPermutation, _splitmix64
+from portable_loader.errors import PositionOutOfRange
+from portable_loader.keyed import MASK64, KeyedPermutation, as_int64, check_int, epoch_position, subkey
 
 __all__ = ["ShardShuffle"]
 
@@ -58,9 +59,9 @@ class ShardShuffle:
         rows = np.asarray(shard_rows, dtype=np.int64)
         if rows.ndim != 1 or not rows.size or (rows < 0).any() or not rows.sum():
             raise ValueError(f"shard_rows must be a non-empty list of record counts with records in it, got {list(shard_rows)[:8]}")
-        self.group = _check_int("shuffle_shards", group, minimum=1)
-        self.seed = _check_int("seed", seed, minimum=0, maximum=(1 << 64) - 1)
-        self.num_epochs = None if num_epochs is None else _check_int("num_epochs", num_epochs, 1)
+        self.group = check_int("shuffle_shards", group, minimum=1)
+        self.seed = check_int("seed", seed, minimum=0, maximum=MASK64)
+        self.num_epochs = None if num_epochs is None else check_int("num_epochs", num_epochs, 1)
         self.rows = rows
         self.offsets = np.concatenate([[0], np.cumsum(rows)]).astype(np.int64)
         self.num_records = int(self.offsets[-1])
@@ -74,7 +75,7 @@ class ShardShuffle:
         cached = self._layout_cache
         if cached is None or cached[0] != epoch:
             n = self.rows.size
-            order = _EpochPermutation(n, self.seed ^ _SHARD_SALT, epoch)(np.arange(n, dtype=np.uint64))
+            order = KeyedPermutation(n, self.seed ^ _SHARD_SALT, epoch)(np.arange(n, dtype=np.uint64))
             starts = np.concatenate([[0], np.cumsum(self.rows[order])]).astype(np.int64)
             bounds = np.concatenate([np.arange(0, n, self.group), [n]])
             cached = self._layout_cache = (epoch, order, starts[bounds])
@@ -87,11 +88,11 @@ class ShardShuffle:
 
     def stream_indices(self, indices) -> np.ndarray:
         """Record index at each stream position (epochs concatenated; int64 out)."""
-        idx = _as_int64("index", indices)
+        idx = as_int64("index", indices)
         if idx.size and (idx.min() < 0 or idx.max() >= len(self)):
             bad = idx[(idx < 0) | (idx >= len(self))][0]
             raise PositionOutOfRange(f"index must be in [0, {len(self)}) for this order's stream, got {int(bad)}")
-        epochs, within = np.divmod(idx, self.num_records)
+        epochs, within = epoch_position(idx, self.num_records)
         out = np.empty_like(idx)
         for epoch in np.unique(epochs).tolist():
             at = np.flatnonzero(epochs == epoch)
@@ -101,8 +102,8 @@ class ShardShuffle:
             for g in np.unique(groups).tolist():
                 sel = np.flatnonzero(groups == g)
                 size = int(starts[g + 1] - starts[g])
-                key = _splitmix64(self.seed ^ _splitmix64(g ^ _GROUP_SALT))
-                j = _EpochPermutation(size, key, epoch)((pos[sel] - starts[g]).astype(np.uint64))
+                perm = KeyedPermutation(size, subkey(self.seed, g, _GROUP_SALT), epoch)
+                j = perm((pos[sel] - starts[g]).astype(np.uint64))
                 shards = self.group_shards(epoch, g)
                 ends = np.cumsum(self.rows[shards])
                 k = np.searchsorted(ends, j, side="right")

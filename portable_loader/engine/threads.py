@@ -13,6 +13,8 @@ import threading
 from time import perf_counter
 
 from portable_loader.engine.inline import InlineEngine
+# Raised here, and imported from here by engine/__init__.py and the process engines.
+from portable_loader.errors import WorkerError
 from portable_loader.lifecycle import hook_last
 from portable_loader.plan import Cursor, Planner
 
@@ -24,10 +26,6 @@ _POLL_S = 0.2
 # within the 5 ms switch interval) costs more than the overlap could win.
 _AWAY_S = 50e-6
 _JOIN_S = 5.0  # a producer thread finishing the batch in hand
-
-
-class WorkerError(RuntimeError):
-    """A loader worker failed; the message holds the worker's own traceback."""
 
 
 class Producer:

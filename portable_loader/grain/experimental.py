@@ -22,7 +22,8 @@ from portable_loader.dataset.transforms import apply_transformations
 from portable_loader.grain._unsupported import PLANNED, missing_name
 from portable_loader.grain.transforms import FlatMap as FlatMapTransform
 from portable_loader.grain.transforms import MapWithIndex as MapWithIndexTransform
-from portable_loader.sampler import LCGSampler, _splitmix64
+from portable_loader.keyed import splitmix64 as _splitmix64
+from portable_loader.sampler import LCGSampler
 
 __all__ = ["FlatMapTransform", "MapWithIndexTransform", "apply_transformations", "batch_and_pad", "index_shuffle"]
 
