@@ -22,6 +22,7 @@ Example:
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
 import functools
 from typing import Any, Callable, Iterator, Sequence
@@ -35,11 +36,21 @@ from portable_loader.digests import json_sha256
 from portable_loader.engine import InlineEngine, build_batch, start
 from portable_loader.lifecycle import Closing, close_at_exit
 from portable_loader.plan import Cursor, Planner
-from portable_loader.state import STATE_VERSION, LoaderState, check_state, make_state
+from portable_loader.dataset.order import MixOrder
+from portable_loader.state import STATE_VERSION, LoaderState, check_state, make_state, online_stages, parse_state
 
 __all__ = ["Closing", "DataLoader", "LoaderIterator", "LoaderOptions", "InlineEngine", "STATE_VERSION", "build_batch"]
 
 _MARK_EVERY = 256  # describe() keeps the cursor of every 256th packed step
+
+
+def _mixture(source):
+    """The ``Mix`` a loader's source is (or maps over), else None."""
+    from portable_loader.dataset.mixture import Mix
+
+    while source is not None and not isinstance(source, Mix):
+        source = getattr(source, "parent", None)
+    return source
 
 
 def _source_identity(source) -> str:
@@ -417,7 +428,7 @@ class DataLoader:
             >>> a, b = [{"input_ids": np.arange(3)}] * 100, [{"input_ids": np.arange(10)}] * 300
             >>> loader = DataLoader(pl.mix({"a": a, "b": b}, {"a": 1, "b": 3}), global_batch_size=4, seq_len=8)
             >>> loader.describe(1)   # b's records are cut at seq_len
-            [[('a', 15, 0, 3)], [('a', 62, 0, 3)], [('b', 232, 0, 8)], [('b', 33, 0, 8)]]
+            [[('a', 83, 0, 3)], [('a', 66, 0, 3)], [('b', 156, 0, 8)], [('b', 109, 0, 8)]]
             >>> Counter(name for step in range(64) for row in loader.describe(step) for name, *_ in row)
             Counter({'b': 192, 'a': 64})
         """
@@ -503,6 +514,7 @@ class LoaderIterator(Closing, Iterator[dict]):
         self._filtered = 0
         # records and tokens per source delivered so far, all hosts' rows (lists updated in place)
         self._records, self._tokens_by_source = [0] * len(loader._groups[0]), [0] * len(loader._groups[0])
+        self._before_calls = None  # (position, the mixture's order before set_weights calls there)
         close_at_exit(self)  # threads and workers stop before the frameworks' exit handlers run
 
     @property
@@ -610,7 +622,8 @@ class LoaderIterator(Closing, Iterator[dict]):
             >>> bool((next(it2)["input_ids"] == first["input_ids"]).all())
             True
         """
-        return functools.partial(make_state, self.loader, self._cursor, list(zip(self._records, self._tokens_by_source)))
+        return functools.partial(make_state, self.loader, self._cursor, list(zip(self._records, self._tokens_by_source)),
+                                 getattr(self._planner.sampler, "online", ()))
 
     def set_state(self, state: dict[str, Any] | str | bytes) -> None:
         """Continue right after the batch the state was taken at; O(1) (packing: one window), no replay.
@@ -620,8 +633,61 @@ class LoaderIterator(Closing, Iterator[dict]):
         """
         self.close()  # the check may plan a window on the planner the prefetcher uses
         sources: list = []
-        self._cursor = check_state(state, self.loader, self._planner, sources)
+        state = parse_state(state)
+        online = online_stages(state, self.loader) if isinstance(self.loader.sampler, MixOrder) else []
+        planner = self._planner
+        if online or getattr(planner.sampler, "online", None):  # the state's stages, not the ones running now
+            order = self.loader.sampler
+            for st in online:
+                order = order.with_stage(st, keep_from=online[0].start)
+            planner = self.loader.planner(order)
+        self._cursor = check_state(state, self.loader, planner, sources)
+        self._planner = planner
         self._records, self._tokens_by_source = [r for r, _ in sources], [t for _, t in sources]
+
+    def set_weights(self, weights) -> None:
+        """Re-weight the mixture from the next batch on: ``{name: weight}``, sources not named get 0.
+
+        Weights are normalised and exact as in ``pl.mix`` (token shares for ``unit="tokens"``). What
+        was delivered stays; each source goes on through its own epochs from where it stands, and the
+        counts hold within one record at every block boundary counted from the change (a new stage
+        of the mixture's arithmetic, docs/mixing.md). Padding: the next batch follows the new
+        weights. Packing: the next packing window does (the rows of the window being served were
+        packed from its records already). Batches prefetched are dropped and planned again. A call
+        that names the weights in force changes nothing; a refused call (``ValueError``) leaves the
+        stream as it was. The state after any number of calls holds at most two stages.
+
+        Example:
+            >>> web = [{"input_ids": np.full(4, 1)}] * 50
+            >>> code = [{"input_ids": np.full(4, 2)}] * 50
+            >>> from portable_loader import mix
+            >>> loader = DataLoader(mix({"web": web, "code": code}, {"web": 1, "code": 1}), global_batch_size=8, seq_len=4)
+            >>> with iter(loader) as it:
+            ...     _ = next(it)
+            ...     it.set_weights({"code": 1})
+            ...     sorted(set(next(it)["input_ids"][:, 0].tolist()))
+            [2]
+        """
+        order, mix = self._planner.sampler, _mixture(self.loader.source)
+        if mix is None or not isinstance(order, MixOrder):
+            raise ValueError("set_weights: this loader does not read a mixture; build its source with "
+                             "pl.mix({name: source, ...}, weights) to re-weight it while it runs")
+        loader, planner = self.loader, self._planner
+        cur = planner.resolve(self._cursor)
+        if loader.packing:  # the window being served keeps its rows; the next one follows the weights
+            at, keep_from = (cur.window + (1 if cur.row else 0)) * loader.packing_window, cur.window * loader.packing_window
+        else:
+            at = keep_from = planner.skip_target(cur.samples)
+        # Calls at the same position replace each other: each is taken against the order before the first.
+        base = self._before_calls[1] if self._before_calls and self._before_calls[0] == at else order
+        stage = mix.online_stage(weights, at, base.drawn_before(at))
+        serving = base.stages[bisect.bisect_right([st.start for st in base.stages], at) - 1]
+        new = base if (serving.nums, serving.den) == (stage.nums, stage.den) else base.with_stage(stage, keep_from)
+        self._before_calls = (at, base)
+        if new.stages == order.stages:
+            return  # nothing changes
+        self.close()  # prefetched batches were planned with the old weights
+        self._planner = loader.planner(new)
     def skip(self, n: int) -> None:
         """Skip the next ``n`` batches: the next ``next`` returns the batch ``n`` further on.
 

@@ -18,6 +18,12 @@ A state is a JSON object with exactly these fields:
   the position may differ, so a run can be re-weighted from where it stands. The field is optional
   and the version stays 2: states of loaders over plain datasets are unchanged, and a reader that
   predates mixtures refuses a state that has it ("not a loader state field").
+* ``weights`` (a mixture re-weighted while running, ``it.set_weights``): the online stages still in
+  use, each ``[start, block, nums, den, base]`` (record weights ``nums/den`` from stream position
+  ``start``, each source's draws before it in ``base``): at most three (one set at position 0, the
+  one serving the position and one set for the next packing window), so the state stays O(sources)
+  after any number of calls. ``schedule`` then covers the configured stages before the first of them. Optional: a state
+  without it is the configured schedule's, as before, so the version stays 3.
 * ``sources``: per-source counts of what was delivered, ``"records:tokens,..."`` in source order (one
   pair for a plain source; see ``LoaderIterator.stats``). Optional on read, so the version stays 3:
   a state saved before the counts restarts them at 0. Skips (``skip_batches``, ``it.skip``) leave no
@@ -58,6 +64,7 @@ _FIELDS = ("version", "fingerprint", "config", "step", "window", "row", "samples
            "batch_schedule", "digest")
 _MIX_FIELD = "schedule"
 _SOURCES_FIELD = "sources"  # optional on read: states saved before per-source counts restart them at 0
+_ONLINE_FIELD = "weights"  # optional: a mixture's online stages (it.set_weights)
 
 
 def _digest(state: dict[str, Any]) -> str:
@@ -108,9 +115,10 @@ def parse_sources(text, n: int) -> list[tuple[int, int]]:
     return out
 
 
-def make_state(loader, cursor: Cursor, sources=None) -> dict[str, Any]:
+def make_state(loader, cursor: Cursor, sources=None, online=()) -> dict[str, Any]:
     """The state of ``loader`` positioned at ``cursor`` (what ``get_state`` returns), with
-    ``sources``, the per-source ``(records, tokens)`` delivered before it (zeros when None).
+    ``sources``, the per-source ``(records, tokens)`` delivered before it (zeros when None), and
+    ``online``, the mixture's online stages in use (``MixOrder.online``).
 
     Example:
         >>> import numpy as np, portable_loader as pl
@@ -140,7 +148,10 @@ def make_state(loader, cursor: Cursor, sources=None) -> dict[str, Any]:
     }
     digests = getattr(loader.source, "schedule_digests", None)
     if digests is not None:
-        state[_MIX_FIELD] = digests(_used(loader, cursor))
+        used = _used(loader, cursor)
+        state[_MIX_FIELD] = digests(min(used, online[0].start) if online else used)
+        if online:
+            state[_ONLINE_FIELD] = [[st.start, st.block, list(st.nums), st.den, list(st.base)] for st in online]
     state[_SOURCES_FIELD] = sources_text(sources if sources is not None else [(0, 0)] * len(loader._groups[0]))
     state["digest"] = _digest(state)
     return state
@@ -154,6 +165,43 @@ def _used(loader, cursor: Cursor) -> int:
     if not loader.packing:
         return cursor.samples
     return (cursor.window + (1 if cursor.row else 0)) * loader.packing_window
+
+
+def online_stages(state: dict, loader) -> list:
+    """The online stages a state carries (``weights``), checked; ``StateError`` naming what is wrong.
+
+    Example:
+        >>> import numpy as np, portable_loader as pl
+        >>> m = pl.mix({"a": [{"input_ids": np.arange(3)}] * 4, "b": [{"input_ids": np.arange(2)}] * 4}, {"a": 1, "b": 1})
+        >>> online_stages({"weights": [[8, 256, [1, 0], 1, [3, 5]]]}, pl.DataLoader(m, global_batch_size=2, seq_len=4))
+        [Stage(start=8, block=256, nums=(1, 0), den=1, base=(3, 5), online=True)]
+    """
+    from portable_loader.dataset.order import Stage
+
+    raw = state.get(_ONLINE_FIELD)
+    if raw is None:
+        return []
+    n = len(loader._groups[0])
+    if not isinstance(raw, list) or not 1 <= len(raw) <= 3:
+        raise StateError(_ONLINE_FIELD, f"must be a list of one to three stages, got {raw!r:.80}")
+    stages, last = [], -1
+
+    def whole(x) -> bool:
+        return isinstance(x, int) and not isinstance(x, bool) and x >= 0
+
+    for st in raw:
+        ok = isinstance(st, list) and len(st) == 5
+        if ok:
+            start, block, nums, den, base = st
+            ok = (whole(start) and whole(block) and block >= 1 and whole(den) and den >= 1
+                  and isinstance(nums, list) and isinstance(base, list) and len(nums) == len(base) == n
+                  and all(map(whole, nums + base)) and sum(nums) == den and sum(base) == start and start > last)
+        if not ok:
+            raise StateError(_ONLINE_FIELD, f"stage {st!r:.120} is not [start, block, nums, den, base] of this "
+                             f"mixture's {n} sources (weights summing to den, base summing to start): refused")
+        last = start
+        stages.append(Stage(start, block, tuple(nums), den, tuple(base), online=True))
+    return stages
 
 
 def parse_state(raw) -> dict[str, Any]:
@@ -229,7 +277,8 @@ def check_state(raw, loader, planner: Planner, sources: list | None = None) -> C
     mixture = getattr(loader.source, "schedule_digests", None) is not None
     if mixture and _MIX_FIELD not in state:
         raise StateError(_MIX_FIELD, "is missing (this loader reads a mixture; the state was not saved from one)")
-    extra = sorted(set(state) - set(_FIELDS) - {_SOURCES_FIELD} - ({_MIX_FIELD} if mixture else set()), key=str)
+    extra = sorted(set(state) - set(_FIELDS) - {_SOURCES_FIELD} - ({_MIX_FIELD, _ONLINE_FIELD} if mixture else set()),
+                   key=str)
     if extra:
         raise StateError(extra[0], "is not a loader state field: refused")
     for name in ("fingerprint", "digest"):
@@ -262,7 +311,11 @@ def check_state(raw, loader, planner: Planner, sources: list | None = None) -> C
         saved = state[_MIX_FIELD]
         if not isinstance(saved, list) or not all(isinstance(d, str) for d in saved):
             raise StateError(_MIX_FIELD, f"must be a list of strings, got {saved!r}")
-        why = loader.source.schedule_change(saved, _used(loader, Cursor(step, window, row, samples)))
+        used = _used(loader, Cursor(step, window, row, samples))
+        online = planner.sampler.online if hasattr(planner.sampler, "online") else []
+        if online and online[0].start > used:
+            raise StateError(_ONLINE_FIELD, f"its first stage starts at {online[0].start}, after the position {used}: refused")
+        why = loader.source.schedule_change(saved, min(used, online[0].start) if online else used)
         if why:
             raise StateError(_MIX_FIELD, f"{why}: refused")
     if not loader.batch_schedule.fixed:  # a schedule speaks for the whole run; one integer only for now on

@@ -26,9 +26,11 @@ declare -A QUICK_ARGS=(
   [describe]="--steps 400 --rounds 2"
   [remote]="--shards 8 --rows 40 --steps 100"
   [tokenized]="--rows 2000"
-  [mix]="--steps 100 --positions 100000"
+  [mix]="--steps 100 --rounds 3 --positions 100000"
+  [cuda]="--steps 10 --batch 16 --reps 5 --peak-mib 64 --overlap-mib 16"
   [peers]="--records 20000 --rounds 1 --steps 200 --worker-steps 100 --resume-step 500"
   [grain]="--quick"
+  [pretrain]="--tokens 5000000 --rounds 1 --steps 200 --scale-tokens 1e9 --index-tokens 1e8"
 )
 if [ $# -gt 0 ]; then names=("$@"); else
   names=(); for f in scripts/bench_*.py; do n=${f#scripts/bench_}; names+=("${n%.py}"); done

@@ -1,14 +1,15 @@
 """Benchmark and comparison: pl.mix against Grain's MapDataset.mix, Megatron-style blending and multinomial draws.
 
-    python scripts/bench_mix.py                 # three synthetic caches, 400 batches per contender and round
-    python scripts/bench_mix.py --steps 300 --positions 200000
+    python scripts/bench_mix.py                 # synthetic caches, 400 batches per contender and round
+    python scripts/bench_mix.py --steps 300 --rounds 5 --positions 200000
     # writes docs/bench/mix.csv and mix.svg (--csv/--svg), as every scripts/bench_*.py
 
-Speed (padded 8 x 2048 batches, one process, no workers, 15 interleaved rounds; ratios are medians of
-per-round ratios):
-  (a) portable_loader over one cache, (b) pl.mix over three caches, (c) Grain's
-  MapDataset.mix over MapDataset.source() of the same three caches (each shuffled and repeated),
-  then map(pad).batch(8); and DataLoader.describe() steps per second.
+Speed (8 x 2048 batches, one process, no workers, 15 interleaved rounds; ratios are medians of
+per-round ratios), padded and packed:
+  (a) portable_loader over one cache, (b) pl.mix over three caches, (c) pl.mix over 60 caches of
+  1,000 records each (weights 1..5), and, padded only, (d) Grain's MapDataset.mix over
+  MapDataset.source() of the three caches (each shuffled and repeated), then map(pad).batch(8);
+  and DataLoader.describe() steps per second.
 Mixing methods, measured over the same weights: the largest |count_i - w_i * n| over the first n
 records (at every record, and at block boundaries for pl.mix), index memory, what a weight change
 costs, what resuming needs, and whether the stream depends on the number of workers.
@@ -35,9 +36,10 @@ import portable_loader as pl  # noqa: E402
 from portable_loader.cache import FORMAT_VERSION, ShardWriter, write_manifest  # noqa: E402
 
 B, S = 8, 2048
-ROUNDS = 15
 SIZES = {"web": 60_000, "code": 30_000, "math": 10_000}
 WEIGHTS = {"web": 0.55, "code": 0.3, "math": 0.15}
+MANY, MANY_ROWS = 60, 1_000  # the many-source mixture: 60 caches of 1,000 records
+MANY_WEIGHTS = {f"s{i:02d}": 1 + i % 5 for i in range(MANY)}  # integers: float weights would need a huge block
 
 
 def build_cache(path: str, n: int, seed: int) -> str:
@@ -65,8 +67,8 @@ def timed(batches, steps: int) -> float:
     return steps / (time.perf_counter() - t)
 
 
-def ours(src):
-    return iter(pl.DataLoader(src, global_batch_size=B, seq_len=S, seed=0, prefetch=0))
+def ours(src, packing: bool = False):
+    return iter(pl.DataLoader(src, global_batch_size=B, seq_len=S, seed=0, prefetch=0, packing=packing))
 
 
 def _pad(r: dict) -> dict:
@@ -84,21 +86,29 @@ def grain_mix(caches: dict):
     return (ds[i] for i in range(sys.maxsize))
 
 
-def speed(paths: dict, steps: int) -> dict:
+def speed(paths: dict, many: dict, steps: int, rounds: int) -> dict:
     caches = {n: pl.open_cache(p) for n, p in paths.items()}
     mixture = pl.mix(caches, WEIGHTS)
-    contenders = {
-        "(a) portable_loader, one cache": lambda: ours(caches["web"]),
-        "(b) pl.mix, three caches": lambda: ours(mixture),
-        "(c) Grain MapDataset.mix, same three caches": lambda: grain_mix(caches),
-    }
-    rounds = {label: [] for label in contenders}
-    for _ in range(ROUNDS):  # interleaved rounds: a loaded machine slows the contenders of one round alike
-        for label, make in contenders.items():
-            rounds[label].append(timed(make(), steps))
-    best = {label: max(v) for label, v in rounds.items()}
-    a, b, c = (np.array(v) for v in rounds.values())
-    best["ratios"] = (float(np.median(b / a)), float(np.median(b / c)))  # per round, then the median
+    mixture_many = pl.mix({n: pl.open_cache(p) for n, p in many.items()}, MANY_WEIGHTS)
+    contenders = {}  # (what, padded or packed) -> (label, a fresh iterator)
+    for kind, packing in (("padded", False), ("packed", True)):
+        contenders["one", kind] = (f"(a) portable_loader, one cache, {kind}", lambda p=packing: ours(caches["web"], p))
+        contenders["mix", kind] = (f"(b) pl.mix, three caches, {kind}", lambda p=packing: ours(mixture, p))
+        contenders["many", kind] = (f"(c) pl.mix, {MANY} caches, {kind}", lambda p=packing: ours(mixture_many, p))
+    contenders["grain", "padded"] = ("(d) Grain MapDataset.mix, same three caches, padded", lambda: grain_mix(caches))
+    per_round = {key: [] for key in contenders}
+    for _ in range(rounds):  # interleaved rounds: a loaded machine slows the contenders of one round alike
+        for key, (_, make) in contenders.items():
+            per_round[key].append(timed(make(), steps))
+    best = {label: max(per_round[key]) for key, (label, _) in contenders.items()}
+
+    def ratio(x, y, kind):  # per round, then the median
+        return float(np.median(np.array(per_round[x, kind]) / np.array(per_round[y, kind])))
+
+    best["ratios"] = {f"{what} vs one source, {kind}": ratio(x, "one", kind)
+                      for x, what in (("mix", "3-source mix"), ("many", f"{MANY}-source mix"))
+                      for kind in ("padded", "packed")}
+    best["ratios"]["3-source mix vs Grain's mix, padded"] = ratio("mix", "grain", "padded")
     loader = pl.DataLoader(mixture, global_batch_size=B, seq_len=S, seed=0)
     n = 20 * steps
     t = time.perf_counter()
@@ -244,25 +254,30 @@ def methods(n: int, paths: dict) -> list[tuple]:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--steps", type=int, default=400)
+    p.add_argument("--steps", type=int, default=400, help="batches per contender and round")
+    p.add_argument("--rounds", type=int, default=15, help="interleaved rounds (ratios: medians over them)")
     p.add_argument("--positions", type=int, default=1_000_000)
     add_output_args(p, "mix")
     args = p.parse_args()
-    print(f"machine: {machine()}; caches {SIZES} (64..3000 tokens per record); weights {WEIGHTS}; batches {B}x{S}")
+    print(f"machine: {machine()}; caches {SIZES} and {MANY} of {MANY_ROWS:,} records (64..3000 tokens per record); "
+          f"weights {WEIGHTS} and 1..5; batches {B}x{S}")
     work = tempfile.mkdtemp(prefix="bench-mix-")
     try:
         paths = {n: build_cache(os.path.join(work, n), k, seed) for seed, (n, k) in enumerate(SIZES.items())}
-        res = speed(paths, args.steps)
-        vs_one, vs_grain = res.pop("ratios")
-        print(f"\n| contender | batches/s, best of {ROUNDS} rounds (describe: steps/s) |\n|---|---|")
+        many = {n: build_cache(os.path.join(work, n), MANY_ROWS, 100 + k) for k, n in enumerate(MANY_WEIGHTS)}
+        res = speed(paths, many, args.steps, args.rounds)
+        ratios = res.pop("ratios")
+        print(f"\n| contender | batches/s, best of {args.rounds} rounds (describe: steps/s) |\n|---|---|")
         for label, v in res.items():
             print(f"| {label} | {v:,.0f} |")
         write_table(args, ["contender", "per_s"], [[label, float(v)] for label, v in res.items()])
-        bar_svg(args, "pl.mix against one source and Grain's MapDataset.mix (padded 8 x 2048)", list(res),
-                [float(v) for v in res.values()], f"batches/s, best of {ROUNDS} rounds (describe: steps/s)",
+        bar_svg(args, "pl.mix against one source and Grain's MapDataset.mix (8 x 2048, padded and packed)", list(res),
+                [float(v) for v in res.values()], f"batches/s, best of {args.rounds} rounds (describe: steps/s)",
                 highlight=[label for label in res if "Grain" not in label])
-        print(f"\nmedian over rounds: pl.mix vs one source {vs_one:.2f}x (target >= 0.8); "
-              f"pl.mix vs Grain's mix {vs_grain:.1f}x (target >= 5)")
+        print(f"\nmedians over rounds of per-round ratios (targets: 0.9x one source, 0.8x with {MANY} sources, "
+              "5x Grain):")
+        for what, v in ratios.items():
+            print(f"  {what}: {v:.2f}x")
         print(f"\nmixing methods over {args.positions:,} records, weights {list(WEIGHTS.values())}:\n")
         print("| method | max drift, any prefix (records) | at block boundaries | index memory | weight change | resume | workers |")
         print("|---|---|---|---|---|---|---|")

@@ -20,6 +20,7 @@ import os
 import sys
 import threading
 from collections import deque
+from operator import itemgetter
 from typing import NamedTuple, Sequence
 
 import numpy as np
@@ -57,6 +58,45 @@ class Spans(NamedTuple):
     ids_at: list
     mask_at: list
     length: list
+
+
+def join_spans(n: int, parts: Sequence[tuple[Sequence[int], Spans]]) -> Spans:
+    """One :class:`Spans` of ``n`` entries from the answers of several readers, each ``(where,
+    spans)``: entry ``k`` of ``spans`` becomes entry ``where[k]``; together the ``where`` cover
+    ``0 .. n - 1`` once (a mixture's sources, say, each asked for its records).
+
+    Buffers are not copied: each part's lists are appended and its ``buf`` numbers shifted by the
+    buffers before it (``ids`` and ``masks`` are parallel lists: one number names both).
+
+    Example:
+        >>> a = Spans(["A"], ["a"], [0, 0], [0, 12], [0, 3], [3, 4])
+        >>> b = Spans(["B", "C"], ["b", "c"], [1], [8], [2], [5])
+        >>> join_spans(3, [([2, 0], a), ([1], b)])
+        Spans(ids=['A', 'B', 'C'], masks=['a', 'b', 'c'], buf=[0, 2, 0], ids_at=[12, 8, 0], mask_at=[3, 2, 0], length=[4, 5, 3])
+    """
+    ids, masks, buf, ids_at, mask_at, length = [], [], [], [], [], []
+    for _, sp in parts:
+        shift = len(ids)
+        ids += sp.ids
+        masks += sp.masks
+        buf += [b + shift for b in sp.buf] if shift else sp.buf
+        ids_at += sp.ids_at
+        mask_at += sp.mask_at
+        length += sp.length
+    # back[w]: the entry of the parts, back to back, that goes to position w.
+    if n > _FEW:  # a loader's chunk (thousands): the permutation in numpy
+        back = np.empty(n, dtype=np.int64)
+        back[np.concatenate([np.asarray(w, dtype=np.int64) for w, _ in parts])] = np.arange(n)
+        back = back.tolist()
+    else:  # a step's few: plain Python beats numpy's fixed costs
+        back = [0] * n
+        for k, w in enumerate(w for where, _ in parts for w in where):
+            back[w] = k
+    fields = (buf, ids_at, mask_at, length)
+    if n < 2:  # itemgetter of one index returns the item, not a tuple
+        return Spans(ids, masks, *([values[k] for k in back] for values in fields))
+    pick = itemgetter(*back)  # gathers in C: a third of a list comprehension's time
+    return Spans(ids, masks, *(list(pick(values)) for values in fields))
 
 
 class _CacheSource:

@@ -33,6 +33,7 @@ from typing import Mapping, Sequence
 
 import numpy as np
 
+from portable_loader.cache.readers import Spans, join_spans
 from portable_loader.dataset.base import Dataset, digest
 from portable_loader.dataset.order import MixOrder, Stage, name_key
 
@@ -40,6 +41,7 @@ __all__ = ["DEFAULT_BLOCK", "Mix", "mix"]
 
 #: Block size when ``block=None``: raised to ``ceil(1 / smallest nonzero weight)`` where that is larger.
 DEFAULT_BLOCK = 256
+_ARITHMETIC = 2  # the mixture arithmetic's version, in the fingerprint (see _identity)
 _LENGTH_SAMPLE = 4096  # records whose lengths estimate a mean length when no manifest has it
 _FEW = 64  # up to this many indices are grouped by source in plain Python
 
@@ -108,6 +110,7 @@ class Mix(Dataset):
         self.filters = tuple(f"{n}: {f}" for n, c in zip(names, children) for f in c.filters)
         self._flat = not any(hasattr(c, "locate") for c in children)  # no nested mix: locate needs no recursion
         self.fork_hazard = next((c.fork_hazard for c in children if c.fork_hazard), None)
+        self._spans_ok = all(callable(getattr(c, "spans", None)) for c in children)
 
     # --- the schedule ---------------------------------------------------------------------------
 
@@ -282,6 +285,79 @@ class Mix(Dataset):
                 out[w] = r
         return out
 
+    def per_source(self, method: str, indices) -> tuple[int, list]:
+        """(count, [(where in ``indices``, the answer of ``method``)]): the batched call ``method``
+        made once per source present, with that source's own record numbers; joining the answers
+        is the caller's (each capability joins its own way: :func:`join_spans` for ``spans``).
+
+        Example:
+            >>> import numpy as np
+            >>> m = mix({"a": [{"input_ids": np.arange(2)}] * 3, "b": [{"input_ids": np.arange(5)}]}, {"a": 1, "b": 1})
+            >>> n, parts = m.per_source("lengths", [3, 0, 2])
+            >>> n, [(where, answer.tolist()) for where, answer in parts]
+            (3, [([1, 2], [2, 2]), ([0], [5])])
+        """
+        n, groups = self._groups(indices)
+        return n, [(where, getattr(self.children[i], method)(rec)) for i, where, rec in groups]
+
+    @property
+    def spans(self):
+        """``spans(indices)``: where the records' tokens lie (a :class:`~portable_loader.cache.readers.Spans`),
+        each source asked once for its records and the answers joined in the order asked: the
+        loader's fast path, as over a single cache. Only when every source has ``spans`` (caches,
+        nested mixes of caches); otherwise the attribute is absent and the loader collates records.
+
+        Example:
+            >>> import portable_loader as pl
+            >>> from portable_loader.precache import sample_args
+            >>> chat = pl.open_cache(pl.precache(**sample_args(), out="cache"))
+            >>> m = mix({"a": chat, "b": chat}, {"a": 1, "b": 1})
+            >>> m.spans([2000, 1, 2004]).length == m.lengths([2000, 1, 2004]).tolist()
+            True
+            >>> hasattr(mix({"a": chat, "b": [{"input_ids": np.arange(3)}]}, {"a": 1, "b": 1}), "spans")
+            False
+        """
+        if not self._spans_ok:
+            raise AttributeError("this mixture has no 'spans': a source of it has none (it is not a cache)")
+        return self._spans
+
+    def _spans(self, indices) -> Spans:
+        n, parts = self.per_source("spans", indices)
+        if len(parts) == 1:  # one source: its answer is already in the order asked
+            return parts[0][1]
+        return join_spans(n, parts)
+
+    @property
+    def read_ahead(self):
+        """``read_ahead(now, ahead)``: the records of ``ahead`` worth reading with ``now``'s, each
+        source deciding over its own (a remote cache keeps within its ``cache_limit``); present
+        with ``spans``, whose read-ahead it bounds.
+
+        Example:
+            >>> import portable_loader as pl
+            >>> from portable_loader.precache import sample_args
+            >>> chat = pl.open_cache(pl.precache(**sample_args(), out="cache"))
+            >>> m = mix({"a": chat, "b": chat}, {"a": 1, "b": 1})
+            >>> m.read_ahead(np.array([0]), np.array([5, 2005, 7])).tolist()   # local caches: all of them
+            [5, 2005, 7]
+        """
+        if not self._spans_ok:
+            raise AttributeError("this mixture has no 'read_ahead': it has no 'spans' (a source of it is not a cache)")
+        return self._read_ahead
+
+    def _read_ahead(self, now: np.ndarray, ahead: np.ndarray) -> np.ndarray:
+        _, now_groups = self._groups(now)
+        now_of = {i: rec for i, _, rec in now_groups}
+        keep = None
+        for i, where, rec in self._groups(ahead)[1]:
+            trim = getattr(self.children[i], "read_ahead", None)
+            kept = rec if trim is None else trim(now_of.get(i, rec[:0]), rec)
+            if kept is not rec and kept.size < rec.size:  # a local cache hands back what it was given
+                if keep is None:
+                    keep = np.ones(ahead.size, dtype=bool)
+                keep[where] = np.isin(rec, kept)
+        return ahead if keep is None else ahead[keep]
+
     @property
     def collate_rows(self):
         """``collate_rows(rows, seq_len, pad_id, fields)``: a batch of windows (``packing="concat"``),
@@ -366,6 +442,23 @@ class Mix(Dataset):
         """
         return Mix(dict(zip(self.names, children)), self.weights, unit=unit or self.unit, block=self.block)
 
+    def online_stage(self, weights, start: int, base: Sequence[int]) -> Stage:
+        """The stage ``it.set_weights(weights)`` starts at stream position ``start``, each source's
+        draws continuing from ``base``; ``ValueError`` naming what is wrong with ``weights``.
+
+        Example:
+            >>> import numpy as np
+            >>> m = mix({"a": [{"input_ids": np.arange(2)}], "b": [{"input_ids": np.arange(3)}]}, {"a": 1, "b": 2})
+            >>> st = m.online_stage({"a": 3}, 100, [40, 60])
+            >>> st.nums, st.den, st.block, st.online
+            ((1, 0), 1, 256, True)
+        """
+        if not isinstance(weights, Mapping) or not weights:
+            raise ValueError(f"set_weights takes a non-empty dict of source name -> weight, got {weights!r:.80}")
+        nums, den = self._record_weights(weights, "set_weights")
+        return Stage(int(start), self._block_for(nums, den, len(self.stages)), nums, den,
+                     tuple(int(x) for x in base), online=True)
+
     def reopen(self) -> "Mix":
         clone = copy.copy(self)
         clone.children = tuple(c.reopen() for c in self.children)
@@ -383,7 +476,9 @@ class Mix(Dataset):
         kids = tuple((c.fingerprint(), c.schedule_digests() if hasattr(c, "schedule_digests") else None)
                      for c in self.children)
         lengths = None if self.mean_lengths is None else tuple(str(m) for m in self.mean_lengths)
-        return ("mix", self.names, kids, self.unit, lengths)
+        # 2: a block's draws take their sources' positions in slot order (MixOrder._block_order), so
+        # states saved by the earlier arithmetic belong to another stream and are refused.
+        return ("mix", _ARITHMETIC, self.names, kids, self.unit, lengths)
 
     def __repr__(self) -> str:
         names = ", ".join(self.names)

@@ -7,8 +7,11 @@ Its stream is cut into blocks of ``block`` records. With record weights ``w_i = 
 (ties: the lower source index) get one more, so ``|c_i(b) - w_i b K| < 1`` and ``sum_i c_i(b) = bK``.
 Counts carry over from stage to stage (``base``). Block ``b`` holds ``c_i(b+1) - c_i(b)`` records of
 source ``i`` in a keyed permutation of its slots; slot -> (source ``i``, its ``j``-th draw in the
-block) -> source position ``base_i + c_i(b) + j`` -> that source's own keyed order. Everything is
-Python integers until the per-position numpy work, so no float rounding can differ between machines.
+block, counted in slot order) -> source position ``base_i + c_i(b) + j`` -> that source's own keyed
+order. Counting draws in slot order makes the first ``s`` slots of any block draw a prefix of each
+source's share, so a stage set while running (``it.set_weights``) may begin inside a block and each
+source goes on from exactly where it stands. Everything is Python integers until the per-position
+numpy work, so no float rounding can differ between machines.
 
 Example:
     >>> hamilton((46, 39, 10, 20, 7, 47), 169, 2 * 6)   # 6 blocks of K = 2
@@ -32,6 +35,7 @@ from portable_loader.keyed import KeyedPermutation, keep, splitmix64, subkey
 __all__ = ["MixOrder", "Stage", "hamilton", "name_key"]
 
 _BLOCK_SALT = 0xB10C_0F_5EED
+_ONLINE_SALT = 0x0E1_1E_5EED  # keeps the block keys of online stages apart from the schedule's
 _CACHED_BLOCKS = 64
 _CACHED_ORDERS = 16  # block orders kept: a block of 256 serves 32 steps of 8
 _FEW = 24  # up to this many positions are looked up in Python integers (numpy calls cost more)
@@ -81,13 +85,19 @@ def _runs(keys: np.ndarray) -> list[tuple[int, np.ndarray]]:
 
 class Stage(NamedTuple):
     """One stage of a schedule: its first position, block size, record weights ``nums/den`` and the
-    per-source counts drawn before it (``base``)."""
+    per-source counts drawn before it (``base``).
+
+    ``online`` marks a stage set while the loader ran (``it.set_weights``): its blocks are keyed by
+    its start, not by its place in the list, so a state that carries only the last such stage
+    rebuilds the same blocks.
+    """
 
     start: int
     block: int
     nums: tuple[int, ...]
     den: int
     base: tuple[int, ...]
+    online: bool = False
 
     def counts(self, blocks: int) -> list[int]:
         """Per-source counts after ``blocks`` whole blocks of this stage (the stage's own draws)."""
@@ -134,30 +144,90 @@ class MixOrder:
             got = keep(self._blocks, (k, b), self.stages[k].counts(b), _CACHED_BLOCKS)
         return got
 
-    def _block(self, k: int, b: int) -> tuple[np.ndarray, np.ndarray]:
-        """(source position of each source's first draw in block ``b`` of stage ``k``, its counts)."""
-        _, first, n = self._block_order(k, b)
-        return np.array(first, dtype=np.int64), np.array(n, dtype=np.int64)
-
     def _block_order(self, k: int, b: int) -> tuple:
-        """Block ``b`` of stage ``k``: (its slots' keyed order, each source's first source position,
-        each source's count), kept for the next lookups (consecutive steps share a block)."""
+        """Block ``b`` of stage ``k``: (the source of each slot, the source position of each slot, the
+        same two as Python lists, each source's first source position), kept for the next lookups
+        (consecutive steps share a block).
+
+        The keyed permutation of the block's slots decides which source each slot draws from (the
+        sources' counts lie back to back in permuted order); a source's draws then take its source
+        positions in slot order, so the first ``s`` slots of a block draw a prefix of every source's
+        share: a stage may begin inside a block (``it.set_weights``) and go on from exactly where
+        each source stands.
+        """
         got = self._orders.get((k, b))
         if got is None:
-            perm = None
+            st = self.stages[k]
+            before, after = self._counts(k, b), self._counts(k, b + 1)
+            first = [x + y for x, y in zip(st.base, before)]
+            n = np.array([y - x for x, y in zip(before, after)], dtype=np.int64)
+            slots = np.arange(st.block, dtype=np.uint64)
             if self.shuffle:
                 # Block b of stage k: a family per stage, whose salt is the stage's own subkey.
-                key = subkey(self.seed, b, splitmix64(k ^ _BLOCK_SALT))
-                # LCGSampler(block, seed=key).record_indices(slots), without re-checking our own slots
-                perm = KeyedPermutation(self.stages[k].block, key, 0)
-            before, after = self._counts(k, b), self._counts(k, b + 1)
-            first = [x + y for x, y in zip(self.stages[k].base, before)]
-            got = keep(self._orders, (k, b), (perm, first, [y - x for x, y in zip(before, after)]), _CACHED_ORDERS)
+                family = splitmix64(st.start ^ _ONLINE_SALT) if st.online else splitmix64(k ^ _BLOCK_SALT)
+                q = KeyedPermutation(st.block, subkey(self.seed, b, family), 0)(slots).astype(np.int64)
+            else:
+                q = slots.astype(np.int64)
+            ends = np.cumsum(n)
+            src = np.searchsorted(ends, q, side="right")
+            by_source = np.argsort(src, kind="stable")  # each source's slots, in slot order, back to back
+            rank = np.empty(st.block, dtype=np.int64)
+            rank[by_source] = np.arange(st.block, dtype=np.int64) - (ends - n)[src[by_source]]
+            spos = np.asarray(first, dtype=np.int64)[src] + rank
+            got = keep(self._orders, (k, b), (src, spos, None, first), _CACHED_ORDERS)
         return got
 
-    def _slots(self, k: int, b: int, slots: np.ndarray) -> np.ndarray:
-        perm = self._block_order(k, b)[0]
-        return slots if perm is None else perm(slots.view(np.uint64))
+    def _block_lists(self, k: int, b: int) -> tuple[list[int], list[int]]:
+        """``_block_order``'s slot arrays as Python lists (for lookups of a few positions)."""
+        src, spos, lists, first = self._block_order(k, b)
+        if lists is None:
+            lists = (src.tolist(), spos.tolist())
+            self._orders[(k, b)] = (src, spos, lists, first)
+        return lists
+
+    def drawn_before(self, position: int) -> list[int]:
+        """Per-source draws at stream positions ``[0, position)``: where each source stands.
+
+        Example:
+            >>> from portable_loader.sampler import LCGSampler
+            >>> o = MixOrder((Stage(0, 4, (1, 3), 4, (0, 0)),), [LCGSampler(2, seed=1), LCGSampler(3, seed=2)],
+            ...              np.array([0, 2, 5]), seed=0)
+            >>> src, _ = o.sources_at(np.arange(6))
+            >>> o.drawn_before(6) == np.bincount(src, minlength=2).tolist()
+            True
+        """
+        k = bisect.bisect_right(self._start_list, position) - 1
+        st = self.stages[k]
+        b, s = divmod(position - st.start, st.block)
+        src, _, _, first = self._block_order(k, b)
+        return [x + c for x, c in zip(first, np.bincount(src[:s], minlength=len(first)).tolist())]
+
+    def with_stage(self, stage: Stage, keep_from: int) -> "MixOrder":
+        """This order followed by ``stage`` from ``stage.start`` on (stages starting there or later are
+        dropped), keeping of the online stages only those still needed at position ``keep_from``.
+
+        Example:
+            >>> from portable_loader.sampler import LCGSampler
+            >>> o = MixOrder((Stage(0, 4, (1, 3), 4, (0, 0)),), [LCGSampler(2, seed=1), LCGSampler(3, seed=2)],
+            ...              np.array([0, 2, 5]), seed=0)
+            >>> o2 = o.with_stage(Stage(6, 4, (1, 0), 1, tuple(o.drawn_before(6)), online=True), keep_from=6)
+            >>> o2.sources_at(np.arange(6, 10))[0].tolist(), o2.stages[0] == o.stages[0]
+            ([0, 0, 0, 0], True)
+        """
+        stages = [st for st in self.stages if st.start < stage.start] + [stage]
+        k = bisect.bisect_right([st.start for st in stages], keep_from) - 1  # the stage serving keep_from
+        # The first stage stays (the order covers every position from 0: a planner looks up whole chunks).
+        return self.with_stages([st for j, st in enumerate(stages) if not st.online or j >= k or j == 0])
+
+    def with_stages(self, stages: Sequence[Stage]) -> "MixOrder":
+        """The same sources and seed over ``stages``."""
+        return MixOrder(stages, self.children, self.offsets, seed=self.seed, shuffle=self.shuffle,
+                        num_epochs=self.num_epochs)
+
+    @property
+    def online(self) -> list[Stage]:
+        """The stages set while running (``it.set_weights``) that this order still holds."""
+        return [st for st in self.stages if st.online]
 
     def _few(self, positions: list[int]) -> tuple[list[int], list[int]]:
         """``sources_at`` for a few positions, in Python integers (a step of ``describe``, a resume)."""
@@ -167,14 +237,9 @@ class MixOrder:
             k = 0 if len(starts) == 1 else bisect.bisect_right(starts, p) - 1
             st = self.stages[k]
             b, slot = divmod(p - st.start, st.block)
-            perm, first, n = self._block_order(k, b)
-            q = slot if perm is None else perm.one(slot)
-            i = 0
-            while q >= n[i]:  # the sources' slots follow each other in source order
-                q -= n[i]
-                i += 1
-            src.append(i)
-            spos.append(first[i] + q)
+            s_list, p_list = self._block_lists(k, b)
+            src.append(s_list[slot])
+            spos.append(p_list[slot])
         return src, spos
 
     def sources_at(self, positions: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -186,13 +251,10 @@ class MixOrder:
             st = self.stages[k]
             blk, slot = np.divmod(pos[in_stage] - st.start, st.block)
             for b, here in _runs(blk):
-                first, n = self._block(k, b)
-                q = self._slots(k, b, slot[here])
-                ends = np.cumsum(n)
-                i = np.searchsorted(ends, q, side="right")
+                block_src, block_spos, _, _ = self._block_order(k, b)
                 sel = in_stage[here]
-                src[sel] = i
-                spos[sel] = first[i] + q - (ends - n)[i]
+                src[sel] = block_src[slot[here]]
+                spos[sel] = block_spos[slot[here]]
         return src, spos
 
     def few(self, positions: list[int]) -> list[int]:
