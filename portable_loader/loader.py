@@ -409,8 +409,21 @@ class DataLoader:
             portable_loader.errors.StateError: loader state: is not JSON (...): refused
         """
         sources: list = []
-        cursor = check_state(state, self, self.planner(), sources)
-        return make_state(self, cursor, sources)
+        state = parse_state(state)
+        planner = self.planner_for(state)
+        cursor = check_state(state, self, planner, sources)
+        return make_state(self, cursor, sources, getattr(planner.sampler, "online", ()))
+
+    def planner_for(self, state: dict, reuse: Planner | None = None) -> Planner:
+        """A planner of the stream ``state`` (a parsed state) was saved in: a mixture's online stages
+        (``it.set_weights``) included. ``reuse`` is returned where it plans that stream already."""
+        online = online_stages(state, self) if isinstance(self.sampler, MixOrder) else []
+        if not online:
+            return reuse if reuse is not None and not getattr(reuse.sampler, "online", None) else self.planner()
+        order = self.sampler
+        for st in online:
+            order = order.with_stage(st)
+        return self.planner(order)
 
     def describe(self, step: int) -> list[list[tuple]]:
         """The records that make global step ``step``: per row, its pieces as ``(source, record, start, end)``.
@@ -622,8 +635,13 @@ class LoaderIterator(Closing, Iterator[dict]):
             >>> bool((next(it2)["input_ids"] == first["input_ids"]).all())
             True
         """
+        # The mixture's online stages as they are when the state is made: a change made after this batch
+        # (it.set_weights, pending at a later position) belongs to the run resumed from it too.
         return functools.partial(make_state, self.loader, self._cursor, list(zip(self._records, self._tokens_by_source)),
-                                 getattr(self._planner.sampler, "online", ()))
+                                 self._online)
+
+    def _online(self) -> list:
+        return getattr(self._planner.sampler, "online", [])
 
     def set_state(self, state: dict[str, Any] | str | bytes) -> None:
         """Continue right after the batch the state was taken at; O(1) (packing: one window), no replay.
@@ -634,15 +652,9 @@ class LoaderIterator(Closing, Iterator[dict]):
         self.close()  # the check may plan a window on the planner the prefetcher uses
         sources: list = []
         state = parse_state(state)
-        online = online_stages(state, self.loader) if isinstance(self.loader.sampler, MixOrder) else []
-        planner = self._planner
-        if online or getattr(planner.sampler, "online", None):  # the state's stages, not the ones running now
-            order = self.loader.sampler
-            for st in online:
-                order = order.with_stage(st, keep_from=online[0].start)
-            planner = self.loader.planner(order)
+        planner = self.loader.planner_for(state, reuse=self._planner)  # the state's stages, not the running ones
         self._cursor = check_state(state, self.loader, planner, sources)
-        self._planner = planner
+        self._planner, self._before_calls = planner, None
         self._records, self._tokens_by_source = [r for r, _ in sources], [t for _, t in sources]
 
     def set_weights(self, weights) -> None:
@@ -655,7 +667,7 @@ class LoaderIterator(Closing, Iterator[dict]):
         weights. Packing: the next packing window does (the rows of the window being served were
         packed from its records already). Batches prefetched are dropped and planned again. A call
         that names the weights in force changes nothing; a refused call (``ValueError``) leaves the
-        stream as it was. The state after any number of calls holds at most two stages.
+        stream as it was. The state after any number of calls holds at most four stages.
 
         Example:
             >>> web = [{"input_ids": np.full(4, 1)}] * 50
@@ -675,14 +687,14 @@ class LoaderIterator(Closing, Iterator[dict]):
         loader, planner = self.loader, self._planner
         cur = planner.resolve(self._cursor)
         if loader.packing:  # the window being served keeps its rows; the next one follows the weights
-            at, keep_from = (cur.window + (1 if cur.row else 0)) * loader.packing_window, cur.window * loader.packing_window
+            at = (cur.window + (1 if cur.row else 0)) * loader.packing_window
         else:
-            at = keep_from = planner.skip_target(cur.samples)
+            at = planner.skip_target(cur.samples)
         # Calls at the same position replace each other: each is taken against the order before the first.
         base = self._before_calls[1] if self._before_calls and self._before_calls[0] == at else order
         stage = mix.online_stage(weights, at, base.drawn_before(at))
         serving = base.stages[bisect.bisect_right([st.start for st in base.stages], at) - 1]
-        new = base if (serving.nums, serving.den) == (stage.nums, stage.den) else base.with_stage(stage, keep_from)
+        new = base if (serving.nums, serving.den) == (stage.nums, stage.den) else base.with_stage(stage)
         self._before_calls = (at, base)
         if new.stages == order.stages:
             return  # nothing changes

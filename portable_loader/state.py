@@ -20,9 +20,9 @@ A state is a JSON object with exactly these fields:
   predates mixtures refuses a state that has it ("not a loader state field").
 * ``weights`` (a mixture re-weighted while running, ``it.set_weights``): the online stages still in
   use, each ``[start, block, nums, den, base]`` (record weights ``nums/den`` from stream position
-  ``start``, each source's draws before it in ``base``): at most three (one set at position 0, the
-  one serving the position and one set for the next packing window), so the state stays O(sources)
-  after any number of calls. ``schedule`` then covers the configured stages before the first of them. Optional: a state
+  ``start``, each source's draws before it in ``base``): at most four (one set at position 0 and the
+  last three: ``MixOrder.with_stage``), so the state stays O(sources) after any number of calls. A
+  stage may start after the state's position: a change made after its batch was handed out. ``schedule`` then covers the configured stages before the first of them. Optional: a state
   without it is the configured schedule's, as before, so the version stays 3.
 * ``sources``: per-source counts of what was delivered, ``"records:tokens,..."`` in source order (one
   pair for a plain source; see ``LoaderIterator.stats``). Optional on read, so the version stays 3:
@@ -118,7 +118,7 @@ def parse_sources(text, n: int) -> list[tuple[int, int]]:
 def make_state(loader, cursor: Cursor, sources=None, online=()) -> dict[str, Any]:
     """The state of ``loader`` positioned at ``cursor`` (what ``get_state`` returns), with
     ``sources``, the per-source ``(records, tokens)`` delivered before it (zeros when None), and
-    ``online``, the mixture's online stages in use (``MixOrder.online``).
+    ``online``, the mixture's online stages in use (``MixOrder.online``, or a function returning them).
 
     Example:
         >>> import numpy as np, portable_loader as pl
@@ -148,6 +148,7 @@ def make_state(loader, cursor: Cursor, sources=None, online=()) -> dict[str, Any
     }
     digests = getattr(loader.source, "schedule_digests", None)
     if digests is not None:
+        online = online() if callable(online) else online
         used = _used(loader, cursor)
         state[_MIX_FIELD] = digests(min(used, online[0].start) if online else used)
         if online:
@@ -182,8 +183,8 @@ def online_stages(state: dict, loader) -> list:
     if raw is None:
         return []
     n = len(loader._groups[0])
-    if not isinstance(raw, list) or not 1 <= len(raw) <= 3:
-        raise StateError(_ONLINE_FIELD, f"must be a list of one to three stages, got {raw!r:.80}")
+    if not isinstance(raw, list) or not 1 <= len(raw) <= 4:
+        raise StateError(_ONLINE_FIELD, f"must be a list of one to four stages, got {raw!r:.80}")
     stages, last = [], -1
 
     def whole(x) -> bool:
@@ -313,8 +314,6 @@ def check_state(raw, loader, planner: Planner, sources: list | None = None) -> C
             raise StateError(_MIX_FIELD, f"must be a list of strings, got {saved!r}")
         used = _used(loader, Cursor(step, window, row, samples))
         online = planner.sampler.online if hasattr(planner.sampler, "online") else []
-        if online and online[0].start > used:
-            raise StateError(_ONLINE_FIELD, f"its first stage starts at {online[0].start}, after the position {used}: refused")
         why = loader.source.schedule_change(saved, min(used, online[0].start) if online else used)
         if why:
             raise StateError(_MIX_FIELD, f"{why}: refused")

@@ -43,6 +43,7 @@ import jax
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
+from portable_loader.adapters.steering import Steering
 from portable_loader.errors import StateError
 from portable_loader.lifecycle import Closing, close_at_exit
 from portable_loader.loader import DataLoader, LoaderIterator
@@ -76,7 +77,7 @@ def _global_batch(sharding, shard_count: int, batch: dict[str, np.ndarray]) -> d
     return {k: jax.make_array_from_process_local_data(sharding, v, shape) for k, v in batch.items()}
 
 
-class JaxLoader(Closing):
+class JaxLoader(Steering, Closing):
     """Iterate a ``DataLoader`` as dicts of global ``jax.Array`` s; resumable, Orbax- and Grain-checkpointable.
 
     Args:
@@ -155,11 +156,15 @@ class JaxLoader(Closing):
 
     def close(self) -> None:
         """Stop prefetching (rewinding to the last batch returned) and the loader's workers."""
+        self._rewind()
+        self._it.close()
+
+    def _rewind(self) -> None:
+        """Drop the batches prefetched, back to the last one returned."""
         producer, self._producer = self._producer, None
         if producer is not None:
             producer.close()
             self._it.set_state(self._state())
-        self._it.close()
 
     # --- state: Grain's protocol (bytes, as grain.DataLoader's iterator) and torch-style dicts -------
 

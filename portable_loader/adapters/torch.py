@@ -38,6 +38,7 @@ import numpy as np
 import torch
 
 from portable_loader.adapters.hf import hf_fields  # noqa: F401 - importable from here too, as before
+from portable_loader.adapters.steering import Steering
 from portable_loader.errors import StateError
 from portable_loader.lifecycle import Closing, close_at_exit
 from portable_loader.loader import DataLoader, LoaderIterator
@@ -54,7 +55,7 @@ def _distributed_shard(loader: DataLoader) -> DataLoader:
     return loader.with_shard(torch.distributed.get_rank(), torch.distributed.get_world_size())
 
 
-class TorchLoader(Closing):
+class TorchLoader(Steering, Closing):
     """Iterate a ``DataLoader`` as dicts of torch tensors on ``device``; resumable and ``Stateful``.
 
     Args:
@@ -132,11 +133,15 @@ class TorchLoader(Closing):
         Batches prepared but not returned are dropped and the loader is rewound to the last batch
         returned (O(1)), so iterating again after ``close`` loses nothing.
         """
+        self._rewind()
+        self._it.close()
+
+    def _rewind(self) -> None:
+        """Drop the batch prepared ahead, back to the last one returned."""
         worker, self._worker = self._worker, None
         if worker is not None:
             worker.close()
             self._it.set_state(self._state())
-        self._it.close()
 
     # --- state (torch Stateful) ----------------------------------------------------------------
 

@@ -36,6 +36,8 @@ __all__ = ["MixOrder", "Stage", "hamilton", "name_key"]
 
 _BLOCK_SALT = 0xB10C_0F_5EED
 _ONLINE_SALT = 0x0E1_1E_5EED  # keeps the block keys of online stages apart from the schedule's
+#: Online stages a mixture order keeps (besides one at position 0): see ``MixOrder.with_stage``.
+KEPT_ONLINE = 3
 _CACHED_BLOCKS = 64
 _CACHED_ORDERS = 16  # block orders kept: a block of 256 serves 32 steps of 8
 _FEW = 24  # up to this many positions are looked up in Python integers (numpy calls cost more)
@@ -202,22 +204,27 @@ class MixOrder:
         src, _, _, first = self._block_order(k, b)
         return [x + c for x, c in zip(first, np.bincount(src[:s], minlength=len(first)).tolist())]
 
-    def with_stage(self, stage: Stage, keep_from: int) -> "MixOrder":
+    def with_stage(self, stage: Stage) -> "MixOrder":
         """This order followed by ``stage`` from ``stage.start`` on (stages starting there or later are
-        dropped), keeping of the online stages only those still needed at position ``keep_from``.
+        dropped), keeping of the online stages the first (if it starts at 0) and the last ``KEPT_ONLINE``.
+
+        The last ones serve the position a change is made at and the few batches before it that a
+        trainer may still save a state for (a Lightning loop holds one batch ahead of its step), so
+        the state stays O(sources) after any number of changes.
 
         Example:
             >>> from portable_loader.sampler import LCGSampler
             >>> o = MixOrder((Stage(0, 4, (1, 3), 4, (0, 0)),), [LCGSampler(2, seed=1), LCGSampler(3, seed=2)],
             ...              np.array([0, 2, 5]), seed=0)
-            >>> o2 = o.with_stage(Stage(6, 4, (1, 0), 1, tuple(o.drawn_before(6)), online=True), keep_from=6)
+            >>> o2 = o.with_stage(Stage(6, 4, (1, 0), 1, tuple(o.drawn_before(6)), online=True))
             >>> o2.sources_at(np.arange(6, 10))[0].tolist(), o2.stages[0] == o.stages[0]
             ([0, 0, 0, 0], True)
         """
         stages = [st for st in self.stages if st.start < stage.start] + [stage]
-        k = bisect.bisect_right([st.start for st in stages], keep_from) - 1  # the stage serving keep_from
-        # The first stage stays (the order covers every position from 0: a planner looks up whole chunks).
-        return self.with_stages([st for j, st in enumerate(stages) if not st.online or j >= k or j == 0])
+        online = [j for j, st in enumerate(stages) if st.online]
+        # The first stage stays too: the order covers every position from 0 (a planner looks up whole chunks).
+        dropped = set(online[:-KEPT_ONLINE]) - {0}
+        return self.with_stages([st for j, st in enumerate(stages) if j not in dropped])
 
     def with_stages(self, stages: Sequence[Stage]) -> "MixOrder":
         """The same sources and seed over ``stages``."""
