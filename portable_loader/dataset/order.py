@@ -146,9 +146,9 @@ class MixOrder:
             got = keep(self._blocks, (k, b), self.stages[k].counts(b), _CACHED_BLOCKS)
         return got
 
-    def _block_order(self, k: int, b: int) -> tuple:
-        """Block ``b`` of stage ``k``: (the source of each slot, the source position of each slot, the
-        same two as Python lists, each source's first source position), kept for the next lookups
+    def _block_order(self, k: int, b: int) -> list:
+        """Block ``b`` of stage ``k``: [the source of each slot, each source's first source position,
+        the source position of each slot (None until asked for)], kept for the next lookups
         (consecutive steps share a block).
 
         The keyed permutation of the block's slots decides which source each slot draws from (the
@@ -162,7 +162,7 @@ class MixOrder:
             st = self.stages[k]
             before, after = self._counts(k, b), self._counts(k, b + 1)
             first = [x + y for x, y in zip(st.base, before)]
-            n = np.array([y - x for x, y in zip(before, after)], dtype=np.int64)
+            ends = np.cumsum([y - x for x, y in zip(before, after)])
             slots = np.arange(st.block, dtype=np.uint64)
             if self.shuffle:
                 # Block b of stage k: a family per stage, whose salt is the stage's own subkey.
@@ -170,22 +170,21 @@ class MixOrder:
                 q = KeyedPermutation(st.block, subkey(self.seed, b, family), 0)(slots).astype(np.int64)
             else:
                 q = slots.astype(np.int64)
-            ends = np.cumsum(n)
-            src = np.searchsorted(ends, q, side="right")
-            by_source = np.argsort(src, kind="stable")  # each source's slots, in slot order, back to back
-            rank = np.empty(st.block, dtype=np.int64)
-            rank[by_source] = np.arange(st.block, dtype=np.int64) - (ends - n)[src[by_source]]
-            spos = np.asarray(first, dtype=np.int64)[src] + rank
-            got = keep(self._orders, (k, b), (src, spos, None, first), _CACHED_ORDERS)
+            got = keep(self._orders, (k, b), [np.searchsorted(ends, q, side="right"), first, None], _CACHED_ORDERS)
         return got
 
-    def _block_lists(self, k: int, b: int) -> tuple[list[int], list[int]]:
-        """``_block_order``'s slot arrays as Python lists (for lookups of a few positions)."""
-        src, spos, lists, first = self._block_order(k, b)
-        if lists is None:
-            lists = (src.tolist(), spos.tolist())
-            self._orders[(k, b)] = (src, spos, lists, first)
-        return lists
+    def _block_positions(self, k: int, b: int) -> tuple[np.ndarray, np.ndarray]:
+        """(source, source position) of every slot of block ``b`` of stage ``k``."""
+        got = self._block_order(k, b)
+        src, first, spos = got
+        if spos is None:
+            n = len(first)
+            counts = np.bincount(src, minlength=n)
+            by_source = np.argsort(src, kind="stable")  # each source's slots, in slot order, back to back
+            rank = np.empty(src.size, dtype=np.int64)
+            rank[by_source] = np.arange(src.size, dtype=np.int64) - (np.cumsum(counts) - counts)[src[by_source]]
+            spos = got[2] = np.asarray(first, dtype=np.int64)[src] + rank
+        return src, spos
 
     def drawn_before(self, position: int) -> list[int]:
         """Per-source draws at stream positions ``[0, position)``: where each source stands.
@@ -201,7 +200,7 @@ class MixOrder:
         k = bisect.bisect_right(self._start_list, position) - 1
         st = self.stages[k]
         b, s = divmod(position - st.start, st.block)
-        src, _, _, first = self._block_order(k, b)
+        src, first, _ = self._block_order(k, b)
         return [x + c for x, c in zip(first, np.bincount(src[:s], minlength=len(first)).tolist())]
 
     def with_stage(self, stage: Stage) -> "MixOrder":
@@ -244,9 +243,10 @@ class MixOrder:
             k = 0 if len(starts) == 1 else bisect.bisect_right(starts, p) - 1
             st = self.stages[k]
             b, slot = divmod(p - st.start, st.block)
-            s_list, p_list = self._block_lists(k, b)
-            src.append(s_list[slot])
-            spos.append(p_list[slot])
+            block_src, first, _ = self._block_order(k, b)
+            i = int(block_src[slot])
+            src.append(i)
+            spos.append(first[i] + int(np.count_nonzero(block_src[:slot] == i)))  # its draws before, in slot order
         return src, spos
 
     def sources_at(self, positions: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -258,7 +258,7 @@ class MixOrder:
             st = self.stages[k]
             blk, slot = np.divmod(pos[in_stage] - st.start, st.block)
             for b, here in _runs(blk):
-                block_src, block_spos, _, _ = self._block_order(k, b)
+                block_src, block_spos = self._block_positions(k, b)
                 sel = in_stage[here]
                 src[sel] = block_src[slot[here]]
                 spos[sel] = block_spos[slot[here]]
