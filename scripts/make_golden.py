@@ -43,6 +43,8 @@ class Case(NamedTuple):
     about: str
     loader: Callable[[object], pl.DataLoader]
     steps: int
+    #: ``it.set_weights`` calls made before the given steps (a mixture re-weighted while running).
+    calls: dict = {}
 
 
 def _at_most_48_tokens(record) -> bool:
@@ -71,6 +73,10 @@ CASES = {
                                              packing_window=128), 5),
     "mixture": Case("pl.mix of two slices, weights 3:1 then 1:1 from record 64, blocks of 16", _mixture, 10),
     "filtered": Case("a filter that keeps records of at most 48 tokens: positions run ahead of rows", _filtered, 3),
+    "concat": Case("packing='concat': the records back to back, cut into windows of exactly seq_len tokens",
+                   lambda src: pl.DataLoader(src, global_batch_size=8, seq_len=128, seed=6, packing="concat"), 4),
+    "online": Case("the mixture re-weighted before steps 3 and 6 (one inside a block of 16): the state carries both",
+                   _mixture, 7, {3: {"tail": 1}, 6: {"head": 2, "tail": 1}}),
     "batch_schedule": Case("global batch size 4, 8 from step 3, 16 from step 6; the next batches cross a stage",
                            lambda src: pl.DataLoader(src, global_batch_size=[(0, 4), (3, 8), (6, 16)], seq_len=128,
                                                      seed=5), 5),
@@ -110,7 +116,9 @@ def record(name: str, src) -> dict:
     """What tests/golden/<name>.json holds: the state after the case's steps and the batches after it."""
     case = CASES[name]
     with iter(case.loader(src)) as it:
-        for _ in range(case.steps):
+        for step in range(case.steps):
+            if step in case.calls:
+                it.set_weights(case.calls[step])
             next(it)
         state = dict(it.get_state())
         following = batches_digest(it)
