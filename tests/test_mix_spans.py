@@ -7,7 +7,6 @@ streams, padded and packed, over weights, seeds, schedules and nested mixes of A
 caches, with workers and resumes; each source's own ``read_ahead`` for the mixture's.
 """
 
-import os
 
 import fsspec
 import numpy as np
@@ -16,29 +15,17 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import portable_loader as pl
-from portable_loader.cache import FORMAT_VERSION, ShardWriter, write_manifest
 from portable_loader.cache import writer as writer_module
 from portable_loader.cache.remote import upload_cache
+from test_remote_spans import decoded
+from test_spans import write_cache as _write_cache
 
 SIZES = {"web": ("arrow", 300), "code": ("array_record", 200), "math": ("arrow", 40)}  # math: many epochs a chunk
 
 
 def write_cache(path, backend: str, n: int, seed: int) -> str:
-    """``n`` random records (0-150 tokens) in 3 shards."""
-    rng = np.random.default_rng(seed)
-    os.makedirs(path)
-    shards, per = [], -(-n // 3)
-    for s in range(3):
-        w = ShardWriter(os.path.join(path, f"data-{s:05d}-of-00003.{backend}"), backend)
-        for _ in range(s * per, min(n, (s + 1) * per)):
-            k = int(rng.integers(0, 151))
-            w.write(rng.integers(0, 2**31 - 1, k, dtype=np.int32), rng.integers(0, 2, k, dtype=np.uint8))
-        shards.append(w.close())
-    counts = {"rows_in": n, "rows_out": n, "dropped": {}, "truncated": 0, "tokens": 0, "trainable_tokens": 0}
-    extra = {"array_record_options": writer_module.ARRAY_RECORD_OPTIONS} if backend == "array_record" else {}
-    write_manifest(path, {"format_version": FORMAT_VERSION, "backend": backend, "key": f"{seed:064d}",
-                          "counts": counts, "content_checksum": "", "shards": shards, **extra})
-    return str(path)
+    """``n`` random records (0-150 tokens) in 3 shards, keyed by ``seed`` (the caches of a mixture differ)."""
+    return _write_cache(path, backend, n, seed, key=f"{seed:064d}")
 
 
 @pytest.fixture(scope="module")
@@ -75,16 +62,6 @@ def mixture(caches, weights, nested: bool, schedule: bool):
 def hidden(ds):
     """The same records and order without ``spans``: the loader collates record dicts."""
     return ds.map(dict, keeps_lengths=True)
-
-
-def decoded(sp) -> list[tuple[list, list]]:
-    out = []
-    for k, n in enumerate(sp.length):
-        b = sp.buf[k]
-        ids = np.frombuffer(sp.ids[b][sp.ids_at[k] : sp.ids_at[k] + 4 * n], dtype=np.int32)
-        mask = np.frombuffer(sp.masks[b][sp.mask_at[k] : sp.mask_at[k] + n], dtype=np.uint8)
-        out.append((ids.tolist(), mask.tolist()))
-    return out
 
 
 def batches(ds, steps: int, state=None, **kw) -> tuple[list, dict]:

@@ -22,7 +22,7 @@ from portable_loader.collate import _RUN_MAX, FIELDS, collate, collate_spans
 N = 300
 
 
-def write_cache(path, backend: str, n: int, seed: int) -> None:
+def write_cache(path, backend: str, n: int, seed: int, key: str | None = None) -> str:
     """``n`` random records (lengths 0-150) in 3 shards; Arrow shards in batches of 7 records, so
     that a read meets many shard batches (what the vectorized locate groups by)."""
     rng = np.random.default_rng(seed)
@@ -36,8 +36,9 @@ def write_cache(path, backend: str, n: int, seed: int) -> None:
         shards.append(w.close())
     counts = {"rows_in": n, "rows_out": n, "dropped": {}, "truncated": 0, "tokens": 0, "trainable_tokens": 0}
     extra = {"array_record_options": writer_module.ARRAY_RECORD_OPTIONS} if backend == "array_record" else {}
-    write_manifest(path, {"format_version": FORMAT_VERSION, "backend": backend, "key": backend.ljust(64, "0"),
+    write_manifest(path, {"format_version": FORMAT_VERSION, "backend": backend, "key": key or backend.ljust(64, "0"),
                           "counts": counts, "content_checksum": "", "shards": shards, **extra})
+    return str(path)
 
 
 @pytest.fixture(scope="module")

@@ -182,24 +182,30 @@ class ConcatWindows(Dataset):
         lm, att = out.get("loss_mask"), out.get("attention_mask")
         cut = "segment_ids" in out or "positions" in out
         eos = getattr(self.stream, "eos", None) if cut else None
-        read, starts = self.stream.read, []
+        full = [r for r, row in enumerate(rows) if row]
+        los = [rows[r][0][0] * L for r in full]
+        many = getattr(self.stream, "windows", None)
+        if many is not None:  # a token stream: tokens and document starts of all windows at once
+            got, found = many(los, L, eos is None)
+            masks = [None] * len(full)
+        else:
+            got, masks, found = [], [], []
+            for lo in los:
+                t, m, at = self.stream.read(lo, lo + L, eos is None)
+                got.append(t)
+                masks.append(m)
+                found.append(at)
+        starts: list = [None] * n
         masked = False
-        for r, row in enumerate(rows):
-            if not row:
-                starts.append(None)
-                continue
-            (w, _, _), = row
-            lo = w * L
-            tokens, mask, at = read(lo, lo + L, eos is None)
+        for r, tokens, mask, at in zip(full, got, masks, found):
             ids[r] = tokens
             if mask is not None and lm is not None:
                 lm[r] = mask
                 masked = True
-            starts.append(at)
-        full = [bool(row) for row in rows]
+            starts[r] = at
         for name, values in (("attention_mask", att), ("loss_mask", None if masked else lm)):
             if values is not None:  # one fill for the batch
-                if all(full):
+                if len(full) == n:
                     values.fill(1)
                 else:
                     values[full] = 1
