@@ -2,6 +2,7 @@
 
     python scripts/bench_grain.py                # 5 interleaved rounds, default sizes (about 3 minutes on 2 cores)
     python scripts/bench_grain.py --quick        # 1 round, small counts: a smoke run (under a minute)
+    python scripts/bench_grain.py --rows d --rounds 5 --pack-steps 100   # only first-fit packing (row d)
     # writes docs/bench/grain.csv and grain.svg (--csv/--svg), as every scripts/bench_*.py
 
 Each pipeline is built twice from the same code, once with ``grain.MapDataset`` (Grain 0.2.18) and
@@ -19,13 +20,13 @@ own options class and defaults):
       ``{"input_ids": int32[B, 128], "loss_mask": uint8[B, 128]}``. Row (b2): ours over the very
       same ``ArrayRecordDataSource`` object with Grain's own map (decode and pad);
   (c) ``mix([3 ranges], [0.5, 0.3, 0.2]).map(f).batch(B)``;
-  (d) first-fit packing: Grain's ``grain.experimental.FirstFitPackIterDataset`` over the ArrayRecord
-      records (512 tokens, 8 bins). Ours is not built yet (``portable_loader.grain.experimental.
-      FirstFitPackIterDataset`` raises ``NotSupportedError``), so the row has Grain's figure only; the
-      script times ours there as soon as that name exists.
+  (d) first-fit packing: ``grain.experimental.FirstFitPackIterDataset`` (Grain's, and ours from
+      ``portable_loader.grain.experimental``) over the same input stream: the ArrayRecord records
+      through Grain's ``ArrayRecordDataSource``, in order, repeated, decoded by the same map; 512
+      tokens, 8 bins, ``shuffle_bins=False``. The unit is packed rows. Both yield the same rows.
 
-Before timing, the script checks that both libraries yield the same elements: (a) and (c) element
-for element (Grain is deterministic there); (b) the same multiset of padded records over one epoch
+Before timing, the script checks that both libraries yield the same elements: (a), (c) and (d)
+element for element (Grain is deterministic there); (b) the same multiset of padded records over one epoch
 (each library shuffles in its own order) and the same structure, dtypes and shapes; and that our
 stream with 2 workers equals ours without. Rates are elements (records) per second at steady state:
 the first element is timed apart (time to first batch, which includes starting the workers), a
@@ -169,7 +170,8 @@ def packing(M, data, same_source: bool):
     import grain
 
     packer = grain.experimental.FirstFitPackIterDataset if M is grain.MapDataset else ours_packer()[0]
-    ds = M.source(data.grain_source()).shuffle(seed=0).repeat().map(decode).to_iter_dataset()
+    # Unshuffled: the two libraries shuffle in different orders, and packing is compared on one stream.
+    ds = M.source(data.grain_source()).repeat().map(decode).to_iter_dataset()
     return packer(ds, length_struct={"input_ids": PACK_LEN, "loss_mask": PACK_LEN}, num_packing_bins=PACK_BINS,
                   shuffle_bins=False)
 
@@ -250,7 +252,7 @@ def _records(batches: list) -> list[bytes]:
                   for b in batches for i in range(len(b["input_ids"])))
 
 
-def checks(data) -> list[str]:
+def checks(data, rows) -> list[str]:
     """What the script verified before timing, one line each; raises where the libraries differ."""
     import grain
 
@@ -261,6 +263,14 @@ def checks(data) -> list[str]:
         if not ok:
             raise AssertionError(lines[-1])
 
+    if "d" in rows and ours_packer()[0] is not None:
+        g, o = _take(build("d", "grain", data, 0), 300), _take(build("d", "ours", data, 0), 300)
+        require(len(g) == len(o) == 300 and all(_equal(x, y) for x, y in zip(g, o)),
+                "(d) first 300 packed rows: ours == Grain, element for element")
+        o2 = _take(build("d", "ours", data, 2), 300)
+        require(all(_equal(x, y) for x, y in zip(o, o2)), "(d) ours with 2 workers == ours with none, first 300 rows")
+    if not set(rows) & {"a", "b", "b2", "c"}:
+        return lines
     for row in ("a", "c"):
         g, o = _take(build(row, "grain", data, 0), 40), _take(build(row, "ours", data, 0), 40)
         require(all(_equal(x, y) for x, y in zip(g, o)),
@@ -291,7 +301,7 @@ def checks(data) -> list[str]:
 def run_rounds(args, data) -> dict:
     """{(row, workers): {contender: [(elements/s, seconds to the first element), one per round]}}."""
     counts = {"a": args.steps, "b": args.ar_steps, "b2": args.ar_steps, "c": args.steps, "d": args.pack_steps}
-    cells = [(row, w) for w in (0, 2) for row in ROWS]
+    cells = [(row, w) for w in (0, 2) for row in ROWS if row in args.rows]
     samples = {cell: {lib: [] for lib in ROWS[cell[0]][4]} for cell in cells}
     for rnd in range(args.rounds):
         # Every other round runs the rows in reverse and Grain before ours: nobody always goes first.
@@ -384,9 +394,17 @@ def main() -> None:
     ap.add_argument("--pack-steps", type=int, default=200, help="Grain's timed packed rows per measurement, row (d)")
     ap.add_argument("--ours-factor", type=int, default=4, help="ours times this many times the batches")
     ap.add_argument("--quick", action="store_true", help="1 round, a quarter of the counts: a smoke run")
+    ap.add_argument("--rows", default=",".join(ROWS), help="which rows to run, comma-separated (default: all)")
     ap.add_argument("--work", default=None, help="where to write the cache (default: a temporary folder)")
     benchlib.add_output_args(ap, "grain")
     args = ap.parse_args()
+    args.rows = [r for r in args.rows.split(",") if r]
+    unknown = set(args.rows) - set(ROWS)
+    if unknown or ("b2" in args.rows and "b" not in args.rows):
+        ap.error(f"--rows: choose from {', '.join(ROWS)} (b2 needs b, whose Grain it shares); got {args.rows}")
+    if set(args.rows) != set(ROWS):  # a partial run must not overwrite the full run's table and plot
+        args.csv = "-" if args.csv == ap.get_default("csv") else args.csv
+        args.svg = "-" if args.svg == ap.get_default("svg") else args.svg
     if args.quick:
         args.rounds = 1
         args.steps, args.ar_steps, args.pack_steps = args.steps // 4, args.ar_steps // 4, args.pack_steps // 4
@@ -400,7 +418,7 @@ def main() -> None:
               f"({data.precache_s:.1f} s to build); {args.rounds} rounds", flush=True)
         print(f"ours, first-fit packing: {ours_packer()[1]}", flush=True)
         t = time.perf_counter()
-        for line in checks(data):
+        for line in checks(data, args.rows):
             print("check: " + line, flush=True)
         print(f"checks: {time.perf_counter() - t:.1f} s", flush=True)
         results = summarize(run_rounds(args, data))

@@ -89,6 +89,10 @@ def _compile(root: IterDataset):
         if isinstance(node, _MixNode):
             children = [seal(build(p, pool)) for p in node._parents]
             return MixIter(f"{next(counter)}.mix", children, node.proportions)
+        make_part = getattr(node, "_make_part", None)
+        if make_part is not None:  # a step defined in its own module (iter_pack, iter_concat_split)
+            children = [seal(build(p, pool)) for p in node._parents]
+            return make_part(children, next(counter))
         raise TypeError(f"{type(node).__name__} is not a portable_loader IterDataset transformation")
 
     return seal(build(root, None))

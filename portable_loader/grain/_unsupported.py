@@ -6,10 +6,10 @@ out, instead of an ``AttributeError`` that reads like a typo.
 
 Example:
     >>> from portable_loader.grain import experimental
-    >>> experimental.FirstFitPackIterDataset
+    >>> experimental.ElasticIterator
     Traceback (most recent call last):
     ...
-    portable_loader.grain._unsupported.NotSupportedError: grain.experimental.FirstFitPackIterDataset is not built yet in portable_loader.grain (planned: ...
+    portable_loader.grain._unsupported.NotSupportedError: grain.experimental.ElasticIterator is not built yet in portable_loader.grain (planned: ...
 """
 
 from __future__ import annotations

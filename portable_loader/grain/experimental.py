@@ -1,13 +1,23 @@
-"""``grain.experimental``: ``index_shuffle``, ``batch_and_pad``, ``apply_transformations`` and the transform aliases.
+"""``grain.experimental``: packing, ``index_shuffle``, ``batch_and_pad``, ``apply_transformations``, transform aliases.
+
+Packing: ``FirstFitPackIterDataset``, ``BestFitPackIterDataset`` (portable_loader/dataset/iter_pack.py)
+and ``ConcatThenSplitIterDataset`` with ``BOSHandling`` (portable_loader/dataset/iter_concat_split.py):
+Grain's elements, and a state that is a position (docs/grain.md says where they differ).
 
 The rest of Grain's experimental names raise :class:`~portable_loader.grain._unsupported.NotSupportedError`
-when used, saying whether they are planned (packing, concat-then-split, ``ElasticIterator``,
-``FlatMap`` datasets) or why they are left out (docs/grain.md has the table).
+when used, saying whether they are planned (``ElasticIterator``, ``FlatMap`` datasets) or why they
+are left out (docs/grain.md has the table).
 
 Example:
+    >>> import numpy as np
+    >>> from portable_loader import grain
     >>> from portable_loader.grain import experimental
     >>> sorted(experimental.index_shuffle(i, max_index=9, seed=5, rounds=4) for i in range(10))
     [0, 1, 2, 3, 4, 5, 6, 7, 8, 9]
+    >>> docs = grain.MapDataset.source([{"ids": np.arange(n)} for n in (3, 5, 2)]).to_iter_dataset()
+    >>> packed = experimental.FirstFitPackIterDataset(docs, length_struct={"ids": 6}, num_packing_bins=2, seed=0)
+    >>> sorted(row["ids_segment_ids"].tolist() for row in packed)
+    [[1, 1, 1, 1, 1, 0], [1, 1, 1, 2, 2, 0]]
 """
 
 from __future__ import annotations
@@ -18,6 +28,8 @@ from typing import Any, Sequence
 import numpy as np
 
 from portable_loader.dataset.batch import _tree_map, stack
+from portable_loader.dataset.iter_concat_split import BOSHandling, ConcatThenSplitIterDataset
+from portable_loader.dataset.iter_pack import BestFitPackIterDataset, FirstFitPackIterDataset
 from portable_loader.dataset.transforms import apply_transformations
 from portable_loader.grain._unsupported import PLANNED, missing_name
 from portable_loader.grain.transforms import FlatMap as FlatMapTransform
@@ -25,15 +37,12 @@ from portable_loader.grain.transforms import MapWithIndex as MapWithIndexTransfo
 from portable_loader.keyed import splitmix64 as _splitmix64
 from portable_loader.sampler import LCGSampler
 
-__all__ = ["FlatMapTransform", "MapWithIndexTransform", "apply_transformations", "batch_and_pad", "index_shuffle"]
+__all__ = ["BOSHandling", "BestFitPackIterDataset", "ConcatThenSplitIterDataset", "FirstFitPackIterDataset",
+           "FlatMapTransform", "MapWithIndexTransform", "apply_transformations", "batch_and_pad", "index_shuffle"]
 
 _NOT = "not supported"
 #: Grain 0.2.18's other ``grain.experimental`` names: (status, why).
 MISSING = {
-    "FirstFitPackIterDataset": (PLANNED, "packing as an IterDataset step; pl.DataLoader(packing=True) packs today"),
-    "BestFitPackIterDataset": (PLANNED, "packing as an IterDataset step; pl.DataLoader(packing=True) packs today"),
-    "ConcatThenSplitIterDataset": (PLANNED, "concatenate-then-split packing with a position state"),
-    "BOSHandling": (PLANNED, "comes with ConcatThenSplitIterDataset"),
     "ElasticIterator": (PLANNED, "DataLoader's position sharding already resumes on any shard count"),
     "FlatMapMapDataset": (PLANNED, "comes with FlatMap support"),
     "FlatMapIterDataset": (PLANNED, "comes with FlatMap support"),
