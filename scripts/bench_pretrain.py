@@ -474,7 +474,9 @@ def main() -> None:
     benchlib.add_output_args(ap, "pretrain")
     args = ap.parse_args()
     print(benchlib.machine(), flush=True)
-    print(f"args: {vars(args)}", flush=True)
+    shown = {k: (os.path.relpath(v, ROOT) if k in ("csv", "svg") and v not in (None, "-") else v)
+             for k, v in vars(args).items()}
+    print(f"args: {shown}", flush=True)  # paths relative to the repository: logs are committed
     speed = []
     if not args.skip_speed:
         work = args.work or tempfile.mkdtemp(prefix="pl_bench_pretrain_")

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import bisect
 import hashlib
+import mmap
 import os
 import struct
 from typing import Sequence
@@ -135,11 +136,18 @@ class _Bytes:
         fs, p = filesystem(self.path)
         return fs.cat_file(p, start=start, end=end)
 
-    def array(self, dtype, offset: int = 0, count: int | None = None) -> np.ndarray:
-        """The file's bytes from ``offset`` as ``dtype``: a map of a local file; a URL's are read once."""
+    def array(self, dtype, offset: int = 0, count: int | None = None, scattered: bool = False) -> np.ndarray:
+        """The file's bytes from ``offset`` as ``dtype``: a map of a local file; a URL's are read once.
+
+        ``scattered``: reads will land one here, one there (a binary search of an index): the
+        kernel's read-ahead around each fault would read, and keep resident, far more than is asked.
+        """
         if not self.remote:
             shape = None if count is None else (count,)
-            return np.memmap(self.path, dtype=dtype, mode="r", offset=offset, shape=shape).view(np.ndarray)
+            mapped = np.memmap(self.path, dtype=dtype, mode="r", offset=offset, shape=shape)
+            if scattered and hasattr(mmap, "MADV_RANDOM"):
+                mapped._mmap.madvise(mmap.MADV_RANDOM)
+            return mapped.view(np.ndarray)
         return _Ranged(self, np.dtype(dtype), offset, count)
 
     def digest(self, size: int) -> str:
@@ -249,7 +257,7 @@ class _MegatronFile(_TokenFile):
         """(sequence lengths int32, sequence byte pointers int64), mapped."""
         if self._mapped_index is None:
             where = _Bytes(self.idx)
-            m = np.frombuffer(where.read(0, where.size()), np.uint8) if where.remote else where.array(np.uint8)
+            m = np.frombuffer(where.read(0, where.size()), np.uint8) if where.remote else where.array(np.uint8, scattered=True)
             lengths = m[_HEADER : _HEADER + 4 * self.count].view(np.int32)
             pointers = m[_HEADER + 4 * self.count : _HEADER + 12 * self.count].view(np.int64)
             self._mapped_index = (lengths, pointers)
