@@ -24,7 +24,9 @@ kept under ``--work`` (keyed by ``--records``) and reused by the next run.
 from __future__ import annotations
 
 import argparse
+import json
 import os
+import subprocess
 import sys
 import time
 
@@ -288,6 +290,31 @@ def rss_over_epoch(path: str, records: int) -> dict:
     return {k: (start[k], end[k]) for k in start}
 
 
+def memory_with_workers(path: str, packing: bool, workers: int = 2, steps: int = 300) -> list[dict]:
+    """Per process of a loader with ``workers`` workers after ``steps`` batches: peak RSS (VmHWM), RSS,
+    USS (pages only it holds) and PSS (shared pages split among their holders), MiB.
+
+    A worker that copied what it could share (the dataset's arrays, the shards' pages) would show a
+    USS near its RSS; mapped shards and pages inherited from the parent stay shared."""
+    import psutil
+
+    def usage(proc: psutil.Process, role: str) -> dict:
+        full = proc.memory_full_info()
+        with open(f"/proc/{proc.pid}/status") as f:
+            peak = next(int(line.split()[1]) / 1024 for line in f if line.startswith("VmHWM"))
+        return {"process": role, "peak_rss": peak, "rss": full.rss / 2**20, "uss": full.uss / 2**20,
+                "pss": full.pss / 2**20}
+
+    loader = pl.DataLoader(pl.open_cache(path), global_batch_size=B, seq_len=S, seed=0, packing=packing,
+                           num_workers=workers)
+    with iter(loader) as it:
+        for _ in range(steps):
+            next(it)
+        me = psutil.Process()
+        kids = [c for c in me.children(recursive=True) if c.is_running()]
+        return [usage(me, "main")] + [usage(c, f"worker {k}") for k, c in enumerate(kids)]
+
+
 PADDED = {
     "(a) portable_loader, ArrayRecord": lambda p, w: ours(p["array_record"]),
     "(a) portable_loader, ArrayRecord written uncompressed": lambda p, w: ours(p["array_record_uncompressed"]),
@@ -363,10 +390,23 @@ def main() -> None:
     for packing in (False, True):
         t0, t1 = time_to_first_batch(paths["arrow"], packing)
         print(f"first batch after set_state ({'packed' if packing else 'padded'}): step 0 {t0 * 1e3:.2f} ms, step 10^6 {t1 * 1e3:.2f} ms")
+    for packing in (False, True):
+        print(f"\nmemory with 2 workers, {'packed' if packing else 'padded'}, Arrow, after 300 batches, in a fresh "
+              "process (MiB):")
+        print("| process | peak RSS | RSS | USS (its own) | PSS (shared split) |")
+        print("|---|---|---|---|---|")
+        # A fresh process: this one has imported Grain, torch and datasets and run every contender.
+        out = subprocess.run([sys.executable, __file__, "--memory", paths["arrow"], str(int(packing))],
+                             capture_output=True, text=True, check=True).stdout
+        for m in json.loads(out.strip().splitlines()[-1]):
+            print(f"| {m['process']} | {m['peak_rss']:.0f} | {m['rss']:.0f} | {m['uss']:.0f} | {m['pss']:.0f} |")
     r = rss_over_epoch(paths["arrow"], args.records)
     print(f"RSS over one epoch ({args.records:,} records, Arrow): anonymous {r['RssAnon'][0]:.0f} -> "
           f"{r['RssAnon'][1]:.0f} MiB, file-backed (the memory map) {r['RssFile'][0]:.0f} -> {r['RssFile'][1]:.0f} MiB")
 
 
 if __name__ == "__main__":
-    main()
+    if sys.argv[1:2] == ["--memory"]:  # the fresh process of memory_with_workers
+        print(json.dumps(memory_with_workers(sys.argv[2], bool(int(sys.argv[3])))))
+    else:
+        main()
