@@ -75,8 +75,9 @@ def apply_transformations(ds: Dataset, transformations) -> Dataset:
     """``ds.apply(...)``: Grain's ``apply_transformations`` over our datasets (one transform or a sequence).
 
     ``Batch`` becomes ``ds.batch``, ``Map`` ``ds.map``, ``RandomMap`` ``ds.random_map``, ``MapWithIndex``
-    ``ds.map_with_index`` and ``Filter`` ``ds.filter``; anything else (``FlatMap`` included) is
-    ``NotImplementedError``, as Grain says of what it does not know.
+    ``ds.map_with_index``, ``Filter`` ``ds.filter`` and ``FlatMap`` a ``FlatMapMapDataset`` (or
+    ``FlatMapIterDataset`` on an ``IterDataset``); anything else is ``NotImplementedError``, as Grain
+    says of what it does not know.
 
     Example:
         >>> import grain
@@ -103,9 +104,20 @@ def apply_transformations(ds: Dataset, transformations) -> Dataset:
             ds = ds.map_with_index(tr)
         elif kind == "Filter":
             ds = ds.filter(tr)
+        elif kind == "FlatMap":
+            ds = _flat_map(ds, tr)
         else:
             raise NotImplementedError(f"Transformation type: {tr} is not supported.")
     return ds
+
+
+def _flat_map(ds, transform):
+    # Imported here: both modules build on this one's datasets.
+    from portable_loader.dataset.flat_map import FlatMapMapDataset
+    from portable_loader.dataset.iter_dataset import IterDataset
+    from portable_loader.dataset.iter_flat_map import FlatMapIterDataset
+
+    return FlatMapIterDataset(ds, transform) if isinstance(ds, IterDataset) else FlatMapMapDataset(ds, transform)
 
 
 _KINDS = (("Map", "map"), ("RandomMap", "random_map"), ("MapWithIndex", "map_with_index"), ("FlatMap", "flat_map"),

@@ -29,6 +29,8 @@ import numpy as np
 
 from portable_loader.dataset.base import Dataset, as_indices, function_identity
 from portable_loader.dataset.batch import stack
+from portable_loader.dataset.flat_map import flat_map_function, pieces_of
+from portable_loader.dataset.iter_flat_map import FlatMapIterDataset
 from portable_loader.grain.transforms import kind_of
 
 __all__ = ["Rec", "StreamRecords", "apply_operation", "check_operation", "data_of", "operation_identity"]
@@ -142,6 +144,17 @@ class _BatchRecs:
         return Rec(last.index, stack([r.data for r in recs], self.batch_fn), last.seed, last._rng)
 
 
+class _SplitRec:
+    """Grain's DataLoader flat map: piece ``j`` of the record at ``p`` is at ``p * max_fan_out + j``, without a generator."""
+
+    def __init__(self, transform):
+        self.fn, self.fan_out = flat_map_function(transform), int(transform.max_fan_out)
+
+    def flat_map(self, r: Rec) -> list:
+        start = r.index * self.fan_out
+        return [Rec(start + j, piece) for j, piece in enumerate(pieces_of(self.fn, r.data))]
+
+
 def data_of(r: Rec):
     """The data of a :class:`Rec` (the ``DataLoader``'s last step).
 
@@ -162,17 +175,17 @@ def check_operation(op) -> str:
         >>> check_operation(len)
         Traceback (most recent call last):
         ...
-        TypeError: DataLoader operations are grain.transforms objects (Map, RandomMap, TfRandomMap, MapWithIndex, Filter, Batch); got builtin_function_or_method ...
+        TypeError: DataLoader operations are grain.transforms objects (Map, RandomMap, TfRandomMap, MapWithIndex, Filter, FlatMap, Batch); got builtin_function_or_method ...
     """
     kind = kind_of(op)
     if kind == "flat_map":
-        raise NotImplementedError(
-            f"{type(op).__name__}: FlatMap is not supported yet by portable_loader.grain: one record becoming a "
-            "variable number of elements needs a position inside the record in the state (planned)")
+        fan_out = getattr(op, "max_fan_out", None)
+        if isinstance(fan_out, bool) or not isinstance(fan_out, (int, np.integer)) or fan_out <= 0:
+            raise ValueError(f"{type(op).__name__}.max_fan_out must be a positive integer, got {fan_out!r}")
     if kind is None:
         raise TypeError(
             "DataLoader operations are grain.transforms objects (Map, RandomMap, TfRandomMap, MapWithIndex, Filter, "
-            f"Batch); got {type(op).__name__} (Grain's legacy iterator operations are not supported: their state "
+            f"FlatMap, Batch); got {type(op).__name__} (Grain's legacy iterator operations are not supported: their state "
             "cannot be saved)")
     return kind
 
@@ -192,6 +205,8 @@ def apply_operation(ds, op):
         return ds.batch(op.batch_size, drop_remainder=op.drop_remainder, batch_fn=_BatchRecs(op.batch_fn))
     if kind == "filter":
         return ds.filter(_KeepData(op.filter))
+    if kind == "flat_map":
+        return FlatMapIterDataset(ds, _SplitRec(op))
     wrap = {"map": _OnData, "random_map": _OnDataWithRng, "np_random_map": _OnDataWithRng,
             "map_with_index": _OnDataWithIndex}[kind]
     return ds.map(wrap(getattr(op, kind)))

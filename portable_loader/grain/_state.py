@@ -6,10 +6,17 @@ sizes), ``position`` (20 digits: the global stream position every shard has reac
 (a digest of the others, so an edited or damaged state is refused). Its size never depends on the
 position, and restoring it costs O(1).
 
+A pipeline with ``FlatMap`` operations may stop inside a record's pieces, so its states add
+``pieces`` (per ``FlatMap``, the pieces of the current record already emitted, 20 digits each) and
+``shard`` (``"<index>/<count>"``: those pieces belong to this shard's record, so a state with any
+piece emitted resumes on this shard only).
+
 Example:
     >>> s = make_state("0123456789abcdef", 42)
     >>> s["position"], read_state(json.dumps(s).encode(), "0123456789abcdef", 100)
-    ('00000000000000000042', 42)
+    ('00000000000000000042', (42, None, []))
+    >>> read_state(make_state("f" * 16, 4, (1, 2), [3]), "f" * 16, 10, flat_maps=1)
+    (4, (1, 2), [3])
     >>> read_state({**s, "position": "%020d" % 43}, "0123456789abcdef", 100)
     Traceback (most recent call last):
     ...
@@ -30,22 +37,29 @@ STATE_VERSION = 1
 LOADER = "portable_loader.grain.DataLoader"
 _WIDTH = 20  # digits: 2**64 fits, and the size never depends on the position
 _FIELDS = ("version", "loader", "pipeline", "position", "check")
+_SPLIT_FIELDS = ("shard", "pieces")  # only in the states of pipelines with FlatMap operations
 
 
-def _check(pipeline: str, position: str) -> str:
-    return digest(LOADER, STATE_VERSION, pipeline, position)
+def _check(pipeline: str, position: str, *split) -> str:
+    return digest(LOADER, STATE_VERSION, pipeline, position, *split)
 
 
-def make_state(pipeline: str, position: int) -> dict:
-    """The state of a ``DataLoader`` with fingerprint ``pipeline`` at global ``position``.
+def make_state(pipeline: str, position: int, shard: tuple[int, int] | None = None, pieces=()) -> dict:
+    """The state of a ``DataLoader`` with fingerprint ``pipeline`` at global ``position``; with ``FlatMap``
+    operations, also ``shard`` (``(index, count)``) and the ``pieces`` emitted of the current records.
 
     Example:
         >>> sorted(make_state("f" * 16, 0))
         ['check', 'loader', 'pipeline', 'position', 'version']
+        >>> make_state("f" * 16, 0, (0, 1), [2])["pieces"]
+        ['00000000000000000002']
     """
     pos = f"{int(position):0{_WIDTH}d}"
-    return {"version": STATE_VERSION, "loader": LOADER, "pipeline": pipeline, "position": pos,
-            "check": _check(pipeline, pos)}
+    state = {"version": STATE_VERSION, "loader": LOADER, "pipeline": pipeline, "position": pos}
+    if shard is None:
+        return {**state, "check": _check(pipeline, pos)}
+    split = (f"{shard[0]}/{shard[1]}", [f"{int(p):0{_WIDTH}d}" for p in pieces])
+    return {**state, **dict(zip(_SPLIT_FIELDS, split)), "check": _check(pipeline, pos, *split)}
 
 
 def encode(state: dict) -> bytes:
@@ -58,9 +72,10 @@ def encode(state: dict) -> bytes:
     return json.dumps(state, indent=4).encode()
 
 
-def read_state(raw, pipeline: str, total: int) -> int:
-    """The global position ``raw`` names, after checking that it is a state of ``pipeline`` within ``total``
-    positions; ``StateError`` naming the field otherwise.
+def read_state(raw, pipeline: str, total: int, flat_maps: int = 0) -> tuple[int, tuple[int, int] | None, list[int]]:
+    """``(position, shard, pieces)`` of ``raw``, after checking that it is a state of ``pipeline`` (with
+    ``flat_maps`` ``FlatMap`` operations) within ``total`` positions; ``StateError`` naming the field otherwise.
+    ``shard`` is None and ``pieces`` empty for a pipeline without ``FlatMap``.
 
     Example:
         >>> read_state(b'{"version": 2, "last_seen_indices": {"0": 5}}', "f" * 16, 10)
@@ -73,10 +88,11 @@ def read_state(raw, pipeline: str, total: int) -> int:
         raise StateError(None, "a state of Grain's own DataLoader (last_seen_indices): its positions depend on "
                                "Grain's worker count and sharding, so it cannot be resumed here; restart, or "
                                "finish the run with Grain")
-    for key in _FIELDS:
+    fields = _FIELDS + (_SPLIT_FIELDS if flat_maps else ())
+    for key in fields:
         if key not in state:
             raise StateError(key, "missing")
-    extra = sorted(set(state) - set(_FIELDS))
+    extra = sorted(set(state) - set(fields))
     if extra:
         raise StateError(extra[0], "not a field of this state: refused")
     if state["version"] != STATE_VERSION or isinstance(state["version"], bool):
@@ -89,8 +105,18 @@ def read_state(raw, pipeline: str, total: int) -> int:
     pos = state["position"]
     if not isinstance(pos, str) or len(pos) != _WIDTH or not pos.isascii() or not pos.isdigit():
         raise StateError("position", f"{pos!r} is not a {_WIDTH}-digit string")
-    if state["check"] != _check(pipeline, pos):
+    split = tuple(state[k] for k in _SPLIT_FIELDS) if flat_maps else ()
+    if state["check"] != _check(pipeline, pos, *split):
         raise StateError("check", "does not match the state's fields: the state was edited or damaged")
     if int(pos) > total:
         raise StateError("position", f"{int(pos)} is past the end of this stream ({total} positions)")
-    return int(pos)
+    if not flat_maps:
+        return int(pos), None, []
+    shard, pieces = split
+    if not isinstance(pieces, list) or len(pieces) != flat_maps or \
+            not all(isinstance(p, str) and len(p) == _WIDTH and p.isascii() and p.isdigit() for p in pieces):
+        raise StateError("pieces", f"{pieces!r} is not a list of {flat_maps} {_WIDTH}-digit strings")
+    index, _, count = shard.partition("/") if isinstance(shard, str) else ("", "", "")
+    if not (index.isdigit() and count.isdigit()):
+        raise StateError("shard", f"{shard!r} is not '<index>/<count>'")
+    return int(pos), (int(index), int(count)), [int(p) for p in pieces]

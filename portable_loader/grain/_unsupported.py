@@ -1,15 +1,15 @@
 """What a Grain name that ``portable_loader.grain`` does not offer raises, and why.
 
 A module lists its missing names with the reason; its ``__getattr__`` raises :class:`NotSupportedError`
-for them, so ``grain.experimental.ElasticIterator`` says at once what is planned or why it is left
-out, instead of an ``AttributeError`` that reads like a typo.
+for them, so ``grain.experimental.ZipMapDataset`` says at once why it is left out (or that it is
+planned), instead of an ``AttributeError`` that reads like a typo.
 
 Example:
     >>> from portable_loader.grain import experimental
-    >>> experimental.ElasticIterator
+    >>> experimental.ZipMapDataset
     Traceback (most recent call last):
     ...
-    portable_loader.grain._unsupported.NotSupportedError: grain.experimental.ElasticIterator is not built yet in portable_loader.grain (planned: ...
+    portable_loader.grain._unsupported.NotSupportedError: grain.experimental.ZipMapDataset is not supported by portable_loader.grain: ...
 """
 
 from __future__ import annotations

@@ -49,8 +49,10 @@ from portable_loader.dataset.base import Dataset, digest
 from portable_loader.grain import sharding as sharding_mod
 from portable_loader.grain._pipeline import StreamRecords, apply_operation, data_of, operation_identity
 from portable_loader.grain._state import encode, make_state, read_state
+from portable_loader.grain.transforms import kind_of
 from portable_loader.grain.options import MultiprocessingOptions, ReadOptions
 from portable_loader.grain.samplers import IndexSampler, stream_order
+from portable_loader.errors import StateError
 from portable_loader.lifecycle import Closing
 
 __all__ = ["DataLoader", "DataLoaderIterator", "load"]
@@ -68,7 +70,8 @@ class DataLoader:
         operations: ``grain.transforms`` objects (``Map``, ``RandomMap``, ``TfRandomMap``,
             ``MapWithIndex``, ``Filter``, ``Batch``), these classes' or real Grain's. ``MapWithIndex``
             gets the element's global stream position (a batch's: its last element's). ``FlatMap``
-            is not supported yet.
+            gives piece ``j`` of the record at position ``p`` the index ``p * max_fan_out + j``, as
+            Grain does, and runs in this process with what follows it.
         worker_count: worker processes (None: one per CPU); the elements do not depend on it.
         worker_buffer_size: elements each worker keeps ready.
         shard_options: this process's shard (default: the sampler's); by position, see the module docstring.
@@ -112,6 +115,7 @@ class DataLoader:
         self._multiprocessing_options = MultiprocessingOptions(
             num_workers=worker_count, per_worker_buffer_size=worker_buffer_size, enable_profiling=enable_profiling)
         self._records = StreamRecords(Dataset.source(data_source), self._order)
+        self._flat_maps = sum(1 for op in self._operations if kind_of(op) == "flat_map")
         self._fingerprint = digest("portable_loader.grain.DataLoader", self._records.fingerprint(),
                                    tuple(operation_identity(op) for op in self._operations))
 
@@ -207,10 +211,16 @@ class DataLoaderIterator(Closing):
             raise ValueError("this DataLoaderIterator is closed")
         return next(self._it)
 
-    def _position(self) -> int:
+    def _position(self) -> tuple[int, list[int]]:
+        """The global position, and per ``FlatMap`` the pieces emitted of the record there (in pipeline order)."""
         cursor = self._it.get_state()["cursor"]
         (consumed,) = [int(v) for k, v in cursor.items() if k.endswith(".source.position")]
-        return min(self._base + consumed * self._loader._shard[1], self._loader._end())
+        pieces = [int(cursor[k]) for k in self._piece_fields()]
+        return min(self._base + consumed * self._loader._shard[1], self._loader._end()), pieces
+
+    def _piece_fields(self) -> list[str]:
+        return sorted((k for k in self._it._names if k.endswith(".flat_map.index")),
+                      key=lambda k: int(k.split(".")[0]))
 
     def get_state(self) -> bytes:
         """The global stream position after the last element returned, as JSON bytes (Grain's type).
@@ -221,7 +231,10 @@ class DataLoaderIterator(Closing):
             >>> len(it.get_state()) < 1024
             True
         """
-        return encode(make_state(self._loader._fingerprint, self._position()))
+        position, pieces = self._position()
+        if not self._loader._flat_maps:
+            return encode(make_state(self._loader._fingerprint, position))
+        return encode(make_state(self._loader._fingerprint, position, self._loader._shard[:2], pieces))
 
     def set_state(self, state) -> None:
         """Continue from ``state`` (bytes, text or dict from ``get_state``); ``StateError`` if it is not this pipeline's.
@@ -235,10 +248,18 @@ class DataLoaderIterator(Closing):
         """
         if self._closed:
             raise ValueError("this DataLoaderIterator is closed")
-        position = read_state(state, self._loader._fingerprint, self._loader._order.total)
-        old, self._it = self._it, iter(self._loader._pipeline(position))
+        loader = self._loader
+        position, shard, pieces = read_state(state, loader._fingerprint, loader._order.total, loader._flat_maps)
+        if any(pieces) and shard != loader._shard[:2]:
+            raise StateError("shard", f"saved by shard {shard[0]} of {shard[1]} inside a record's FlatMap pieces: it "
+                                      f"resumes there only, not on shard {loader._shard[0]} of {loader._shard[1]}")
+        old, self._it = self._it, iter(loader._pipeline(position))
         self._base = position
         old.close()
+        if any(pieces):  # the record at ``position`` is re-read and re-split; these pieces of it are skipped
+            fields = {k: 0 for k in self._it._names}
+            fields.update(zip(self._piece_fields(), pieces))
+            self._it._root.restore(fields, StateError)
 
     def start_prefetch(self) -> None:
         """Kept for Grain's API (its checkpoint handler calls it): workers start at the first ``next``.

@@ -1,12 +1,15 @@
-"""``grain.experimental``: packing, ``index_shuffle``, ``batch_and_pad``, ``apply_transformations``, transform aliases.
+"""``grain.experimental``: packing, flat maps, ``ElasticIterator``, ``index_shuffle``, ``batch_and_pad``, ``apply_transformations``, transform aliases.
 
 Packing: ``FirstFitPackIterDataset``, ``BestFitPackIterDataset`` (portable_loader/dataset/iter_pack.py)
 and ``ConcatThenSplitIterDataset`` with ``BOSHandling`` (portable_loader/dataset/iter_concat_split.py):
 Grain's elements, and a state that is a position (docs/grain.md says where they differ).
+Flat maps: ``FlatMapMapDataset`` (portable_loader/dataset/flat_map.py) and ``FlatMapIterDataset``
+(portable_loader/dataset/iter_flat_map.py), Grain's elements. ``ElasticIterator``
+(portable_loader/grain/elastic.py): Grain's global batches per shard, and it takes filters and
+packing too.
 
 The rest of Grain's experimental names raise :class:`~portable_loader.grain._unsupported.NotSupportedError`
-when used, saying whether they are planned (``ElasticIterator``, ``FlatMap`` datasets) or why they
-are left out (docs/grain.md has the table).
+when used, saying why they are left out (docs/grain.md has the table).
 
 Example:
     >>> import numpy as np
@@ -28,24 +31,25 @@ from typing import Any, Sequence
 import numpy as np
 
 from portable_loader.dataset.batch import _tree_map, stack
+from portable_loader.dataset.flat_map import FlatMapMapDataset
 from portable_loader.dataset.iter_concat_split import BOSHandling, ConcatThenSplitIterDataset
+from portable_loader.dataset.iter_flat_map import FlatMapIterDataset
 from portable_loader.dataset.iter_pack import BestFitPackIterDataset, FirstFitPackIterDataset
 from portable_loader.dataset.transforms import apply_transformations
-from portable_loader.grain._unsupported import PLANNED, missing_name
+from portable_loader.grain._unsupported import missing_name
+from portable_loader.grain.elastic import ElasticIterator
 from portable_loader.grain.transforms import FlatMap as FlatMapTransform
 from portable_loader.grain.transforms import MapWithIndex as MapWithIndexTransform
 from portable_loader.keyed import splitmix64 as _splitmix64
 from portable_loader.sampler import LCGSampler
 
-__all__ = ["BOSHandling", "BestFitPackIterDataset", "ConcatThenSplitIterDataset", "FirstFitPackIterDataset",
-           "FlatMapTransform", "MapWithIndexTransform", "apply_transformations", "batch_and_pad", "index_shuffle"]
+__all__ = ["BOSHandling", "BestFitPackIterDataset", "ConcatThenSplitIterDataset", "ElasticIterator",
+           "FirstFitPackIterDataset", "FlatMapIterDataset", "FlatMapMapDataset", "FlatMapTransform",
+           "MapWithIndexTransform", "apply_transformations", "batch_and_pad", "index_shuffle"]
 
 _NOT = "not supported"
 #: Grain 0.2.18's other ``grain.experimental`` names: (status, why).
 MISSING = {
-    "ElasticIterator": (PLANNED, "DataLoader's position sharding already resumes on any shard count"),
-    "FlatMapMapDataset": (PLANNED, "comes with FlatMap support"),
-    "FlatMapIterDataset": (PLANNED, "comes with FlatMap support"),
     "CacheIterDataset": (_NOT, "tokenize once with pl.precache and read the cache instead"),
     "DatasetOptions": (_NOT, "options of Grain's own execution engine"),
     "ExecutionTrackingMode": (_NOT, "options of Grain's own execution engine"),

@@ -2,7 +2,7 @@
 
 ``Map.map(element)``, ``RandomMap.random_map(element, rng)``, ``TfRandomMap.np_random_map(element,
 rng)``, ``Filter.filter(element)``, ``MapWithIndex.map_with_index(index, element)`` and
-``FlatMap.flat_map(element)`` (not supported yet: using one raises), plus the ``Batch`` dataclass.
+``FlatMap.flat_map(element)`` (with ``max_fan_out``), plus the ``Batch`` dataclass.
 Instances are also callables (``Map()(x)`` is ``map(x)``), so every dataset method that takes a
 function takes them. Subclasses of *real* Grain's classes work the same everywhere here.
 
@@ -127,18 +127,23 @@ class Filter(abc.ABC):
 
 
 class FlatMap(abc.ABC):
-    """Splits an element into up to ``max_fan_out`` elements: ``flat_map(element)``. Not supported yet.
+    """Splits an element into up to ``max_fan_out`` elements: define ``flat_map(element)`` and ``max_fan_out``.
 
-    The class exists so that code defining one imports; a dataset or ``DataLoader`` given one raises
-    ``NotImplementedError`` (docs/grain.md says why and what is planned).
+    Real Grain 0.2.18 names it ``grain.experimental.FlatMapTransform`` (also here). ``apply`` on a
+    ``MapDataset`` gives ``max_fan_out`` slots per element (``FlatMapMapDataset``: the unused ones
+    are holes, as a filter leaves; more pieces than slots is a ``ValueError``), on an
+    ``IterDataset`` every piece in order (``FlatMapIterDataset``); in a ``DataLoader``'s operations,
+    piece ``j`` of the record at position ``p`` gets index ``p * max_fan_out + j``, as in Grain.
 
     Example:
+        >>> from portable_loader.grain import MapDataset
         >>> class Split(FlatMap):
         ...     max_fan_out = 2
         ...     def flat_map(self, x):
-        ...         return [x, x]
-        >>> Split().flat_map(1)
-        [1, 1]
+        ...         return [x] * (x % 3)
+        >>> ds = MapDataset.range(4).apply([Split()])
+        >>> len(ds), list(ds), list(MapDataset.range(4).to_iter_dataset().apply([Split()]))
+        (8, [1, 2, 2], [1, 2, 2])
     """
 
     max_fan_out: int
