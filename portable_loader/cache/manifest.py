@@ -1,7 +1,7 @@
 """A cache's key and ``manifest.json``: writing it with its own checksum, reading and checking it.
 
 The manifest records the format version, the cache key (the sha256 of the key parts: input identity,
-tokenizer files, options), counts, and each shard's size and sha256. Arrow caches also get the
+record options, storage), counts, and each shard's size and sha256. Arrow caches also get the
 ``state.json`` and ``dataset_info.json`` that make them loadable by ``datasets.load_from_disk``.
 
 Example:
@@ -38,6 +38,20 @@ def cache_key(key_parts: dict) -> str:
         '5073c623'
     """
     return json_sha256(key_parts)
+
+
+def cache_key_parts(input: dict, records: dict, **storage) -> dict:
+    """What a cache key hashes: the format version, the input's identity, the record options' part
+    (:meth:`~portable_loader.record_options.RecordOptions.key_parts`) and, for a cache on disk, how
+    it is stored (``backend``, ``plan``; a dataset tokenized on read has none).
+
+    Example:
+        >>> parts = cache_key_parts({"kind": "jsonl", "sha256": "9f...", "split": None, "rows": 3},
+        ...                         {"format": "text"}, backend="arrow")
+        >>> sorted(parts)
+        ['backend', 'format', 'format_version', 'input']
+    """
+    return {"format_version": FORMAT_VERSION, "input": input, **records, **storage}
 
 
 def _manifest_checksum(body: dict) -> str:

@@ -1,9 +1,11 @@
 """Tokenize on read: ``tokenized(input, tokenizer=..., format=...)``, a dataset with no cache behind it.
 
 Record ``i`` is row ``i`` of the input (files in order, rows in file order, blank lines left out),
-rendered and tokenized by the same :class:`~portable_loader.tokenize.Formatter` and options as
-``precache``, when it is read. When no row is dropped the records, in order, equal the cache's, so
-loader batches (padded or packed, any ``num_workers``, resumed or not) equal a cache's bit for bit.
+rendered and tokenized when it is read, by the same
+:class:`~portable_loader.record_options.RecordOptions` (so the same
+:class:`~portable_loader.tokenize.Formatter`) as ``precache``. When no row is dropped the records,
+in order, equal the cache's, so loader batches (padded or packed, any ``num_workers``, resumed or
+not) equal a cache's bit for bit.
 
 A row that the cache would drop (over-long with ``overlong="drop"``, no target, a bad row skipped
 with ``on_bad_row="skip"``) reads as an empty record and is counted in :attr:`Tokenized.dropped`
@@ -34,6 +36,7 @@ Example:
 
 from __future__ import annotations
 
+import dataclasses
 import multiprocessing
 import os
 import threading
@@ -44,6 +47,7 @@ import numpy as np
 
 from portable_loader.dataset.base import Dataset
 from portable_loader.dataset.spill import Spill
+from portable_loader.record_options import RecordOptions
 
 __all__ = ["Tokenized", "tokenized"]
 
@@ -52,12 +56,15 @@ _EMPTY_MASK = np.zeros(0, dtype=np.uint8)
 _ENCODE_ROWS = 256  # rows per encode_batch call: the tokenizer's batch, and a bad row's blast radius
 
 
-def tokenized(input, *, tokenizer: str, format: str, memo_tokens: int = 1 << 21, **options) -> "Tokenized":
+def tokenized(input, *, tokenizer: str, format: str, split: str | None = None, memo_tokens: int = 1 << 21,
+              **options) -> "Tokenized":
     """A random-access dataset over ``input`` that tokenizes each record when it is read.
 
-    ``input`` and ``options`` are those of :func:`portable_loader.precache` that decide the records:
-    ``max_length``, ``overlong``, ``fields``, ``split``, ``chat_template``, ``eos_token``,
-    ``on_bad_row``, ``transcript``. ``memo_tokens`` bounds the tokens kept for records read recently.
+    ``input``, ``split`` and ``options`` are those of :func:`portable_loader.precache` that decide the
+    records: with ``tokenizer`` and ``format``, the ``options`` make a
+    :class:`~portable_loader.record_options.RecordOptions` (``max_length``, ``overlong``, ``fields``,
+    ``chat_template``, ``eos_token``, ``on_bad_row``, ``transcript``). ``memo_tokens`` bounds the
+    tokens kept for records read recently.
 
     Example:
         >>> import json
@@ -69,18 +76,18 @@ def tokenized(input, *, tokenizer: str, format: str, memo_tokens: int = 1 << 21,
         >>> ds.validate()["dropped"]
         {'overlong': 1}
     """
-    from portable_loader.precache import prepare
+    from portable_loader.io import open_inputs
 
-    allowed = {"max_length", "overlong", "fields", "split", "chat_template", "eos_token", "on_bad_row", "transcript"}
-    unknown = sorted(set(options) - allowed)
+    record, unknown = RecordOptions.take(dict(options, tokenizer=tokenizer, format=format))
     if unknown:
-        raise TypeError(f"tokenized() got options it does not take: {unknown} (it takes {sorted(allowed)})")
-    table, config, key_parts = prepare(input, tokenizer=tokenizer, format=format, **options)
-    return Tokenized(table, config, key_parts, memo_tokens=memo_tokens)
+        takes = sorted([f.name for f in dataclasses.fields(RecordOptions)] + ["split", "memo_tokens"])
+        raise TypeError(f"tokenized() got options it does not take: {sorted(unknown)} (it takes {takes})")
+    return Tokenized(open_inputs(input, split), record, memo_tokens=memo_tokens)
 
 
 class Tokenized(Dataset):
-    """Rows of an input table, tokenized when read; made by :func:`tokenized`.
+    """Rows of an input ``table`` (:func:`portable_loader.io.open_inputs`), tokenized by ``record`` when
+    read; made by :func:`tokenized`.
 
     ``dropped`` (a ``Counter`` by reason) and ``encoded`` (records tokenized) count what this
     process did: with loader workers, the main process's ``encoded`` stays 0.
@@ -95,13 +102,13 @@ class Tokenized(Dataset):
     cheap_lengths = False  # a length costs a tokenization
     tokenizes_ahead = True  # the loader's workers tokenize packing windows ahead (engine/ahead.py)
 
-    def __init__(self, table, config: dict, key_parts: dict, *, memo_tokens: int = 1 << 21):
-        from portable_loader.cache.manifest import cache_key
+    def __init__(self, table, record: RecordOptions, *, memo_tokens: int = 1 << 21):
+        from portable_loader.cache.manifest import cache_key, cache_key_parts
 
-        self.table, self.config, self.memo_tokens = table, config, memo_tokens
+        self.table, self.record, self.memo_tokens = table, record, memo_tokens
         self.rows = table.present()  # record i is window row rows[i]
-        # The cache key's parts, less the backend: every option that changes a record changes it.
-        self.key = cache_key(key_parts)
+        # A cache's key less its storage (backend, plan): every option that changes a record changes it.
+        self.key = cache_key(cache_key_parts(table.identity(), record.key_parts()))
         self.dropped: Counter = Counter()
         self.encoded = 0  # records this process tokenized
         self._lengths = np.full(self.rows.size, -1, dtype=np.int64)
@@ -114,7 +121,7 @@ class Tokenized(Dataset):
 
     @property
     def format(self) -> str:
-        return self.config["format"]
+        return self.record.format
 
     def __len__(self) -> int:
         return int(self.rows.size)
@@ -125,14 +132,7 @@ class Tokenized(Dataset):
     def _formatter(self):
         fmt = getattr(self, "_fmt", None)
         if fmt is None:
-            from portable_loader.tokenize import Formatter, load_tokenizer
-
-            c = self.config
-            tok = load_tokenizer(c["tokenizer"], c["chat_template"], c["eos_token"])
-            fmt = self._fmt = Formatter(
-                c["format"], tok, fields=c["fields"], max_length=c["max_length"], overlong=c["overlong"],
-                path=self.table.path, on_bad_row=c["on_bad_row"], transcript=c["transcript"],
-            )
+            fmt = self._fmt = self.record.formatter(self.table.path)
         return fmt
 
     def __getstate__(self):

@@ -27,8 +27,10 @@ import time
 from portable_loader.cache.manifest import BACKENDS
 from portable_loader.cache.opening import open_cache
 from portable_loader.errors import PortableLoaderError
-from portable_loader.precache import ENGINES, _fmt_dropped, build_cache, sample_args
+from portable_loader.precache import ENGINES, build, sample_args
 from portable_loader.precache.manage import cache_info, format_info, list_caches, remove_cache
+from portable_loader.precache.steps import format_dropped
+from portable_loader.record_options import RecordOptions
 from portable_loader.tokenize import FIELDS, FORMATS, MIN_MAX_LENGTH, TRANSCRIPT_PRESETS
 
 __all__ = ["main"]
@@ -122,7 +124,7 @@ def _build_parser() -> argparse.ArgumentParser:
                    "input's row count / 64, within [1000, 50000], so the cache never depends on the workers)")
     p.add_argument("--backend", choices=BACKENDS, default="arrow",
                    help="shard format: arrow (memory-mapped, datasets.load_from_disk) or array_record (Grain)")
-    p.add_argument("--field", action="append", default=[], metavar="NAME=COLUMN",
+    p.add_argument("--field", dest="fields", action="append", default=[], metavar="NAME=COLUMN",
                    help="read the format's field NAME from input column COLUMN; names: "
                    + "; ".join(f"{f}: {', '.join(n)}" for f, n in FIELDS.items()))
     p.add_argument("--transcript", action="append", default=[], metavar="PRESET|MARKER=ROLE",
@@ -155,12 +157,9 @@ def _build(argv: list[str]) -> int:
     if args.check:
         return _check(args)
     try:
-        path, s = build_cache(
-            args.input, tokenizer=args.tokenizer, format=args.format, out=args.out, max_length=args.max_length,
-            overlong=args.overlong, num_workers=args.num_workers, backend=args.backend, engine=args.engine,
-            ray_address=args.ray_address, rows_per_task=args.rows_per_task,
-            fields=_parse_fields(args.field), split=args.split, chat_template=args.chat_template,
-            eos_token=args.eos_token, on_bad_row=args.on_bad_row, transcript=_parse_transcript(args.transcript),
+        path, s = build(
+            args.input, _record(args), out=args.out, split=args.split, num_workers=args.num_workers,
+            engine=args.engine, ray_address=args.ray_address, rows_per_task=args.rows_per_task, backend=args.backend,
             force=args.force, show_progress=sys.stderr.isatty(),
         )
         if args.verify:
@@ -179,7 +178,7 @@ def _build(argv: list[str]) -> int:
         if s["engine"] == "ray":
             ran_on = f"Ray CPUs: {s['num_workers']}  nodes: {len(s['nodes'])}  retried: {'unknown' if s['retried'] is None else s['retried']}"
         print(
-            f"rows in: {s['rows_in']}  rows out: {s['rows_out']}  dropped: {_fmt_dropped(s['dropped'])}  "
+            f"rows in: {s['rows_in']}  rows out: {s['rows_out']}  dropped: {format_dropped(s['dropped'])}  "
             f"truncated: {s['truncated']}\ntokens: {s['tokens']} ({s['trainable_tokens']} trained)  "
             f"seconds: {s['seconds']:.2f}  rows/s: {rate:,.0f}  tasks: {s['tasks']}  {ran_on}"
         )
@@ -189,23 +188,26 @@ def _build(argv: list[str]) -> int:
     return 0
 
 
+def _record(args) -> RecordOptions:
+    """The record options of the command line: the flags bear their names (``--max-length``: ``max_length``)."""
+    given = vars(args) | {"fields": _parse_fields(args.fields), "transcript": _parse_transcript(args.transcript)}
+    return RecordOptions.take(given)[0]
+
+
 def _check(args) -> int:
     """``--check``: what a build would report, with no cache written (and the first bad row as the error)."""
-    from portable_loader.dataset.tokenized import tokenized
+    from portable_loader.dataset.tokenized import Tokenized
+    from portable_loader.io import open_inputs
 
     t0 = time.perf_counter()
     try:
-        s = tokenized(
-            args.input, tokenizer=args.tokenizer, format=args.format, max_length=args.max_length,
-            overlong=args.overlong, fields=_parse_fields(args.field), split=args.split,
-            chat_template=args.chat_template, eos_token=args.eos_token, on_bad_row=args.on_bad_row,
-            transcript=_parse_transcript(args.transcript),
-        ).validate()
+        record = _record(args)
+        s = Tokenized(open_inputs(args.input, args.split), record).validate()
     except PortableLoaderError as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
     print(
-        f"check passed: rows in: {s['rows_in']}  rows out: {s['rows_out']}  dropped: {_fmt_dropped(s['dropped'])}  "
+        f"check passed: rows in: {s['rows_in']}  rows out: {s['rows_out']}  dropped: {format_dropped(s['dropped'])}  "
         f"truncated: {s['truncated']}\ntokens: {s['tokens']} ({s['trainable_tokens']} trained)  "
         f"seconds: {time.perf_counter() - t0:.2f}  (no cache written)"
     )

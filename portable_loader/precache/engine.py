@@ -7,15 +7,17 @@ and checksums. With one worker the tasks run inline, with no process to start.
 :mod:`portable_loader.precache.ray_engine` runs the same :func:`tokenize_task` on a Ray cluster.
 
 Example:
-    >>> from portable_loader.cache.manifest import cache_key
-    >>> from portable_loader.precache import prepare, sample_args
+    >>> from portable_loader.io import open_inputs
+    >>> from portable_loader.precache import sample_args
     >>> from portable_loader.precache.plan import plan_tasks
-    >>> table, config, parts = prepare(**sample_args(), split="train[:200]")   # the sample's first 200 rows
-    >>> config["backend"] = "arrow"
+    >>> from portable_loader.record_options import RecordOptions
+    >>> args = sample_args()
+    >>> table = open_inputs(args["input"], "train[:200]")   # the sample's first 200 rows
+    >>> record = RecordOptions(args["tokenizer"], args["format"])
     >>> os.mkdir("tmp")
     >>> tasks = plan_tasks(table, rows_per_task=100)
-    >>> common = {"config": config, "table": table, "tokenizer_files": cache_key(parts), "tmp": "tmp"}
-    >>> results, workers = run_tasks(tasks, common, 2, show_progress=False, total=len(table))   # as build_cache does
+    >>> common = {"record": record, "backend": "arrow", "table": table, "tokenizer_files": "digest", "tmp": "tmp"}
+    >>> results, workers = run_tasks(tasks, common, 2, show_progress=False, total=len(table))   # as a build does
     >>> workers, sum(r["shard"]["rows"] for r in results), sorted(os.listdir("tmp"))
     (2, 200, ['data-00000-of-00002.arrow', 'data-00001-of-00002.arrow'])
 """
@@ -33,39 +35,42 @@ from collections import Counter
 
 from portable_loader.cache.writer import ShardWriter, record_digest
 from portable_loader.precache.plan import cpu_count
-from portable_loader.tokenize import Formatter, load_tokenizer
+from portable_loader.record_options import RecordOptions
 
 _ENCODE_ROWS = 256
 
 _progress = None  # per-worker row counters in shared memory, inherited from the parent
-_common = None  # what every task shares (config, input table, temp dir): given once per process
+_common = None  # what every task shares (record options, input table, temp dir): given once per process
 _loaded: dict = {}  # tokenizers loaded by the parent: forked workers inherit them instead of reloading
 
 
-def cached_tokenizer(path: str, chat_template: str | None, eos_token: str | None, files: str):
-    """The tokenizer at ``path``, loaded once per process and inherited by forked workers.
+def cached_tokenizer(record: RecordOptions, files: str):
+    """``record``'s tokenizer, loaded once per process and inherited by forked workers.
 
     ``files`` (the digest of the tokenizer's files) is part of the cache key, so an edited
     tokenizer folder is loaded anew.
 
     Example:
         >>> from portable_loader.precache import sample_args
-        >>> path = sample_args()["tokenizer"]
-        >>> tok = cached_tokenizer(path, None, None, "digest-1")
-        >>> tok is cached_tokenizer(path, None, None, "digest-1"), tok.eos_token
+        >>> record = RecordOptions(sample_args()["tokenizer"], "chat")
+        >>> tok = cached_tokenizer(record, "digest-1")
+        >>> tok is cached_tokenizer(record, "digest-1"), tok.eos_token
         (True, '<|endoftext|>')
-        >>> tok is cached_tokenizer(path, None, None, "digest-2")   # the files changed: loaded anew
+        >>> tok is cached_tokenizer(record, "digest-2")   # the files changed: loaded anew
         False
     """
-    key = (path, chat_template, eos_token, files)
+    # The record's other options load no other tokenizer.
+    key = (record.tokenizer, record.chat_template, record.eos_token, files)
     if key not in _loaded:
         _loaded.clear()
-        _loaded[key] = load_tokenizer(path, chat_template, eos_token)
+        _loaded[key] = record.load_tokenizer()
     return _loaded[key]
 
 
-def tokenize_task(task, table, offset: int, cfg: dict, tokenizer_files: str, tmp: str, progress=None) -> dict:
-    """Tokenize ``task``'s rows into its shard under ``tmp``; return counts and checksums only.
+def tokenize_task(task, table, offset: int, record: RecordOptions, backend: str, tokenizer_files: str, tmp: str,
+                  progress=None) -> dict:
+    """Tokenize ``task``'s rows by ``record`` into its ``backend`` shard under ``tmp``; return counts and
+    checksums only.
 
     ``table`` numbers the task's rows from ``offset`` below the input window's numbering (0 for the
     whole input table; the task's file read alone otherwise). The shard is written under a temporary
@@ -74,23 +79,20 @@ def tokenize_task(task, table, offset: int, cfg: dict, tokenizer_files: str, tmp
 
     Example:
         >>> import tempfile
-        >>> from portable_loader.precache import prepare, sample_args
+        >>> from portable_loader.io import open_inputs
+        >>> from portable_loader.precache import sample_args
         >>> from portable_loader.precache.plan import plan_tasks
-        >>> table, config, parts = prepare(**sample_args(), split="train[:30]")
-        >>> config["backend"] = "arrow"
+        >>> args = sample_args()
+        >>> table, record = open_inputs(args["input"], "train[:30]"), RecordOptions(args["tokenizer"], "chat")
         >>> plan = plan_tasks(table, rows_per_task=10)
         >>> with tempfile.TemporaryDirectory() as tmp:
-        ...     result = tokenize_task(plan[0], table, 0, config, "digest", tmp)
+        ...     result = tokenize_task(plan[0], table, 0, record, "arrow", "digest", tmp)
         ...     files = os.listdir(tmp)
         >>> result["shard"]["file"], result["shard"]["rows"], result["rows_in"], files
         ('data-00000-of-00003.arrow', 10, 10, ['data-00000-of-00003.arrow'])
     """
-    tok = cached_tokenizer(cfg["tokenizer"], cfg["chat_template"], cfg["eos_token"], tokenizer_files)
-    fmt = Formatter(
-        cfg["format"], tok, fields=cfg["fields"], max_length=cfg["max_length"], overlong=cfg["overlong"],
-        path=table.path, on_bad_row=cfg["on_bad_row"], transcript=cfg["transcript"],
-    )
-    final = os.path.join(tmp, task.shard(cfg["backend"]))
+    fmt = record.formatter(table.path, cached_tokenizer(record, tokenizer_files))
+    final = os.path.join(tmp, task.shard(backend))
     part = f"{final}.{uuid.uuid4().hex}.part"
     dropped: Counter = Counter()
     rows_in = tokens = trainable = 0
@@ -114,7 +116,7 @@ def tokenize_task(task, table, offset: int, cfg: dict, tokenizer_files: str, tmp
         pending_rows.clear()
         pending_numbers.clear()
 
-    writer = ShardWriter(part, cfg["backend"])
+    writer = ShardWriter(part, backend)
     try:
         for number, row in table.read(task.lo - offset, task.hi - offset):
             rows_in += 1
@@ -149,7 +151,7 @@ def _worker(task, slot: int) -> dict:
     def progress(n):
         _progress[slot] += n
 
-    return tokenize_task(task, c["table"], 0, c["config"], c["tokenizer_files"], c["tmp"], progress)
+    return tokenize_task(task, c["table"], 0, c["record"], c["backend"], c["tokenizer_files"], c["tmp"], progress)
 
 
 def _init_worker(progress, common) -> None:
@@ -187,7 +189,7 @@ def _start_method() -> str:
 def run_tasks(tasks: list, common: dict, num_workers: int | None, show_progress: bool, total: int) -> tuple[list[dict], int]:
     """Run every task on a pool of ``num_workers`` processes (inline for 0 or 1, or one task).
 
-    ``common``: ``config``, ``table``, ``tokenizer_files`` and ``tmp``, given once to each process.
+    ``common``: ``record``, ``backend``, ``table``, ``tokenizer_files`` and ``tmp``, given once to each process.
     Returns the results in task order and the number of processes used. The error of the first bad
     row in input order is raised here (whichever worker hits its bad row first), and the pool's other
     workers are terminated.

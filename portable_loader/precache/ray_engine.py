@@ -48,7 +48,7 @@ _CONNECT_SECONDS = 5.0
 _tables: dict = {}  # per worker process: the last whole-file input opened (a JSON list is parsed once)
 
 
-def _ray_task(task, config: dict, tokenizer_files: str, dest: str, storage_options: dict | None, ledger) -> dict:
+def _ray_task(task, record, backend: str, tokenizer_files: str, dest: str, storage_options: dict | None, ledger) -> dict:
     """What runs on a node: open the task's file, tokenize its rows into its shard at ``dest``."""
     import ray
 
@@ -58,10 +58,10 @@ def _ray_task(task, config: dict, tokenizer_files: str, dest: str, storage_optio
     ledger.started.remote(task.index, node)
     table, offset = _open(task, storage_options), task.lo - task.file_lo
     if not is_url(dest):
-        return {**tokenize_task(task, table, offset, config, tokenizer_files, dest), "node": node}
+        return {**tokenize_task(task, table, offset, record, backend, tokenizer_files, dest), "node": node}
     local = tempfile.mkdtemp(prefix="portable_loader-task-")
     try:
-        result = tokenize_task(task, table, offset, config, tokenizer_files, local)
+        result = tokenize_task(task, table, offset, record, backend, tokenizer_files, local)
         name = result["shard"]["file"]
         fs, path = filesystem(dest, storage_options)
         fs.put_file(os.path.join(local, name), join(path, name))  # one PUT: whole, or absent
@@ -121,9 +121,11 @@ def _connect(address: str | None):
     return ray
 
 
-def run_ray_tasks(tasks: list, config: dict, tokenizer_files: str, dest: str, address: str | None,
+def run_ray_tasks(tasks: list, record, backend: str, tokenizer_files: str, dest: str, address: str | None,
                   show_progress: bool, total: int, storage_options: dict | None = None) -> tuple[list[dict], dict]:
-    """Run every task on the Ray cluster at ``address``, shards to ``dest`` (a folder or a bucket prefix).
+    """Run every task on the Ray cluster at ``address``: rows tokenized by ``record`` (a
+    :class:`~portable_loader.record_options.RecordOptions`) into ``backend`` shards at ``dest`` (a
+    folder or a bucket prefix).
 
     Returns the results in task order and how it ran: ``num_workers`` (the cluster's CPUs),
     ``retried`` (task attempts started beyond the first of each task) and ``nodes`` (per node id, the
@@ -131,14 +133,16 @@ def run_ray_tasks(tasks: list, config: dict, tokenizer_files: str, dest: str, ad
     (unknown) if the ledger was lost with the driver's node.
 
     Example:
-        >>> from portable_loader.precache import prepare, sample_args
+        >>> from portable_loader.io import open_inputs
+        >>> from portable_loader.precache import sample_args
         >>> from portable_loader.precache.plan import plan_tasks
-        >>> table, config, parts = prepare(**sample_args())
-        >>> config["backend"] = "arrow"
+        >>> from portable_loader.record_options import RecordOptions
+        >>> args = sample_args()
+        >>> table, record = open_inputs(args["input"]), RecordOptions(args["tokenizer"], args["format"])
         >>> plan = plan_tasks(table, rows_per_task=1000)
         >>> [(t.lo, t.hi) for t in plan]
         [(0, 1000), (1000, 2000)]
-        >>> results, run = run_ray_tasks(plan, config, "digest", "/shared/tmp", "auto", False, len(table))   # needs a Ray cluster  # doctest: +SKIP
+        >>> results, run = run_ray_tasks(plan, record, "arrow", "digest", "/shared/tmp", "auto", False, len(table))   # needs a Ray cluster  # doctest: +SKIP
         >>> run["retried"], sum(n["finished"] for n in run["nodes"].values()) == len(plan)   # needs a Ray cluster  # doctest: +SKIP
         (0, True)
     """
@@ -156,7 +160,7 @@ def run_ray_tasks(tasks: list, config: dict, tokenizer_files: str, dest: str, ad
     name = f"portable_loader-precache-{uuid.uuid4().hex[:12]}"  # ray.util.list_named_actors() lists it
     ledger = ray.remote(num_cpus=0, max_restarts=0)(_Ledger).options(name=name, scheduling_strategy=here).remote()
     remote = ray.remote(num_cpus=1, max_retries=_MAX_RETRIES, retry_exceptions=False)(_ray_task)
-    config_ref = ray.put(config)
+    record_ref = ray.put(record)
     # Tasks go out in input order, a window of two per CPU at a time: every CPU has its next task queued,
     # the driver holds few references, and a failed run has only the window's tasks left to end.
     window = 2 * max(1, int(ray.cluster_resources().get("CPU", 1)))
@@ -170,7 +174,7 @@ def run_ray_tasks(tasks: list, config: dict, tokenizer_files: str, dest: str, ad
         first, polled = 0, 0.0
         while first < len(tasks):
             while len(refs) < len(tasks) and len(waiting) < window:
-                ref = remote.remote(tasks[len(refs)], config_ref, tokenizer_files, dest, storage_options, ledger)
+                ref = remote.remote(tasks[len(refs)], record_ref, backend, tokenizer_files, dest, storage_options, ledger)
                 index[ref] = len(refs)
                 refs.append(ref)
                 waiting.append(ref)
