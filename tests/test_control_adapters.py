@@ -90,3 +90,41 @@ def test_the_calls_apply_the_same_with_run_on_the_bare_iterator():
     with iter(loader(prefetch=0)) as a, iter(loader(prefetch=0)) as b:
         x, y = drive(a, acts, as_numpy), run(b, acts)
     assert all(np.array_equal(p["input_ids"], q["input_ids"]) for p, q in zip(x, y, strict=True))
+
+
+def test_a_lightning_step_that_re_weights_lands_two_batches_on_and_its_checkpoint_resumes_with_it():
+    L = pytest.importorskip("lightning")
+    import torch
+
+    from portable_loader.adapters.lightning import ExactResume
+
+    class Steer(L.LightningModule):
+        def __init__(self):
+            super().__init__()
+            self.w = torch.nn.Parameter(torch.zeros(1))
+            self.seen, self.states = [], []
+
+        def train_dataloader(self):
+            return torch_adapter.TorchLoader(loader())
+
+        def training_step(self, batch, i):
+            self.seen.append(batch["input_ids"].numpy().copy())
+            if i == 2:  # Lightning has fetched batch 3 already
+                self.trainer.train_dataloader.set_weights({"code": 1})
+            return (self.w * batch["input_ids"][:, :1].float()).sum()
+
+        def on_train_batch_end(self, outputs, batch, i):
+            self.states.append(self.trainer.train_dataloader.state_dict())  # what a checkpoint stores
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=0.0)
+
+    model = Steer()
+    L.Trainer(accelerator="cpu", max_steps=8, logger=False, enable_progress_bar=False, enable_model_summary=False,
+              enable_checkpointing=False, callbacks=[ExactResume()]).fit(model)
+    sources = [{s for s, _ in rows_of({"input_ids": b, "attention_mask": b > 0})} for b in model.seen]
+    assert sources[3] != {1} and all(s == {1} for s in sources[4:])  # the batch after the next one on
+    with torch_adapter.TorchLoader(loader()) as resumed:  # from the checkpoint of step 2, where the call was made
+        resumed.load_state_dict(model.states[2])
+        for want in model.seen[3:]:
+            assert np.array_equal(next(resumed)["input_ids"].numpy(), want)

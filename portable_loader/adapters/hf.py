@@ -1,7 +1,8 @@
 """Hugging Face: the fields a causal LM expects (``hf_fields``), and a ``Trainer`` that resumes in O(1).
 
 ``hf_fields`` turns a loader batch into ``input_ids``, ``labels``, ``attention_mask`` and
-``position_ids`` (numpy only; ``TorchLoader(hf_labels=True)`` applies it).
+``position_ids`` (numpy only, defined in ``adapters/fields.py``; ``TorchLoader(hf_labels=True)``
+applies it).
 
 A stock ``Trainer`` resumes by replaying its data loader past the batches already seen
 (``skip_first_batches``), which costs O(steps) and assumes the loader's order is reproducible.
@@ -40,50 +41,10 @@ from __future__ import annotations
 import json
 import os
 
-import numpy as np
-
+from portable_loader.adapters.fields import IGNORE_INDEX, hf_fields
 from portable_loader.errors import StateError
 
 __all__ = ["IGNORE_INDEX", "PortableTrainer", "hf_fields", "state_file"]
-
-IGNORE_INDEX = -100
-
-
-def hf_fields(batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-    """What Hugging Face causal LMs expect, from a loader batch (numpy in, numpy out).
-
-    ``labels``: ``input_ids`` where ``loss_mask``, else -100, and -100 at the first token of every
-    packed document so that no document is trained to follow the one before it; ``attention_mask``:
-    1 on real tokens; ``position_ids``: positions restarting per document (what flash-attention
-    models use to keep packed documents apart). A padded batch without ``segment_ids`` and
-    ``positions`` (the default) holds one document per row: its positions are 0, 1, ... on the
-    row's real tokens.
-
-    Example:
-        >>> b = {"input_ids": np.array([[5, 6, 7, 0]]), "loss_mask": np.array([[1, 1, 1, 0]]),
-        ...      "segment_ids": np.array([[1, 1, 2, 0]]), "positions": np.array([[0, 1, 0, 0]])}
-        >>> hf_fields(b)["labels"].tolist()
-        [[-100, 6, -100, -100]]
-        >>> hf_fields({"input_ids": np.array([[5, 6, 0]]), "loss_mask": np.array([[1, 1, 0]]),
-        ...            "attention_mask": np.array([[1, 1, 0]])})["position_ids"].tolist()
-        [[0, 1, 0]]
-    """
-    ids = batch["input_ids"].astype(np.int64)
-    real = batch["attention_mask"] > 0 if "attention_mask" in batch else batch["segment_ids"] > 0
-    if "positions" in batch:
-        positions = batch["positions"].astype(np.int64)
-    else:  # one document per row, its tokens a prefix of the row
-        positions = np.where(real, np.arange(ids.shape[-1], dtype=np.int64), 0)
-    first = real & (positions == 0)
-    mask = batch["loss_mask"] > 0 if "loss_mask" in batch else real
-    labels = np.where(mask & ~first, ids, IGNORE_INDEX)
-    return {
-        "input_ids": ids,
-        "labels": labels,
-        "attention_mask": real.astype(np.int64),
-        "position_ids": positions,
-    }
-
 
 def _rank() -> int:
     import torch
@@ -101,7 +62,7 @@ PortableTrainer: type  # a transformers.Trainer subclass, built by __getattr__ o
 
 def __getattr__(name: str):
     # PortableTrainer subclasses transformers' Trainer: built on first use, so that importing this
-    # module (for hf_fields, from the torch adapter) never imports transformers.
+    # module (for hf_fields) never imports transformers.
     if name == "PortableTrainer":
         cls = globals()["PortableTrainer"] = _portable_trainer()
         return cls

@@ -1,9 +1,10 @@
 """JAX adapter: global ``jax.Array`` batches laid out by a sharding, device prefetch, Orbax checkpoints.
 
-``JaxLoader`` wraps a ``DataLoader``. Each process loads only the rows its addressable devices hold
-(the rows follow from ``sharding``; without one, the batch axis is split over all devices) and builds
-the global array with ``jax.make_array_from_process_local_data``. A background thread keeps
-``prefetch`` batches already on device; the state it reports is that of the batches returned.
+``JaxLoader`` is the adapter core's ``Feed`` (``adapters/core.py``) with a JAX conversion. Each
+process loads only the rows its addressable devices hold (the rows follow from ``sharding``; without
+one, the batch axis is split over all devices) and builds the global array with
+``jax.make_array_from_process_local_data``. A background thread keeps ``prefetch`` batches already on
+device; the state it reports is that of the batches returned.
 
 Checkpointing: ``LoaderSave(jl)`` / ``LoaderRestore(jl)`` are Orbax ``CheckpointArgs`` for
 ``LoaderCheckpointHandler`` (one small JSON file per process; restore accepts a checkpoint written by
@@ -36,6 +37,7 @@ Example:
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 from typing import Any
 
@@ -43,12 +45,10 @@ import jax
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from portable_loader.adapters.steering import Steering
+from portable_loader.adapters.core import Feed
 from portable_loader.errors import StateError
-from portable_loader.lifecycle import Closing, close_at_exit
-from portable_loader.loader import DataLoader, LoaderIterator
+from portable_loader.loader import DataLoader
 from portable_loader.state import parse_state
-from portable_loader.engine import Producer
 
 __all__ = ["JaxLoader", "LoaderSave", "LoaderRestore", "LoaderCheckpointHandler"]
 
@@ -77,7 +77,7 @@ def _global_batch(sharding, shard_count: int, batch: dict[str, np.ndarray]) -> d
     return {k: jax.make_array_from_process_local_data(sharding, v, shape) for k, v in batch.items()}
 
 
-class JaxLoader(Steering, Closing):
+class JaxLoader(Feed):
     """Iterate a ``DataLoader`` as dicts of global ``jax.Array`` s; resumable, Orbax- and Grain-checkpointable.
 
     Args:
@@ -124,69 +124,26 @@ class JaxLoader(Steering, Closing):
                 f"the DataLoader was given shard {loader.shard_index}/{loader.shard_count}, but this process's "
                 f"devices hold shard {index}/{count} of the batch under {sharding}"
             )
-        self.loader = loader if loader.shard_given else loader.with_shard(index, count)
         self.prefetch = int(prefetch)
-        # With prefetch its thread builds the batches: no second thread under it.
-        self._it = LoaderIterator(self.loader, thread=self.prefetch == 0)
-        # The state of the batches returned, computed only when asked for (``state_later``: a
-        # digest per batch costs ~10 µs that a trainer saving every 1,000 steps should not pay).
-        self._state = self._it.state_later()
-        self._producer: Producer | None = None
-        close_at_exit(self)  # its thread must stop before JAX's exit handler shuts the backend down
-
-    def _to_global(self, batch: dict[str, np.ndarray]) -> dict[str, jax.Array]:
-        return _global_batch(self.sharding, self.loader.shard_count, batch)
-
-    def __iter__(self) -> "JaxLoader":
-        return self
-
-    def __next__(self) -> dict[str, jax.Array]:
-        if self.prefetch == 0:
-            batch = self._to_global(next(self._it))
-            self._state = self._it.state_later()
-            return batch
-        if self._producer is None:
-            # The thread must not hold self: then a JaxLoader dropped without close() is collected,
-            # and its __del__ stops the thread.
-            it, sharding, count = self._it, self.sharding, self.loader.shard_count
-            self._producer = Producer(lambda: (_global_batch(sharding, count, next(it)), it.state_later()),
-                                      self.prefetch, "portable_loader-jax-prefetch")
-        batch, self._state = self._producer.next()
-        return batch
-
-    def close(self) -> None:
-        """Stop prefetching (rewinding to the last batch returned) and the loader's workers."""
-        self._rewind()
-        self._it.close()
-
-    def _rewind(self) -> None:
-        """Drop the batches prefetched, back to the last one returned."""
-        producer, self._producer = self._producer, None
-        if producer is not None:
-            producer.close()
-            self._it.set_state(self._state())
+        loader = loader if loader.shard_given else loader.with_shard(index, count)
+        super().__init__(loader, functools.partial(_global_batch, sharding, loader.shard_count), self.prefetch,
+                         name="portable_loader-jax-prefetch")
 
     # --- state: Grain's protocol (bytes, as grain.DataLoader's iterator) and torch-style dicts -------
 
     def get_state(self) -> bytes:
         """The position after the last batch returned, as JSON bytes."""
-        return json.dumps(self._state(), sort_keys=True).encode()
+        return json.dumps(self._taken_state(), sort_keys=True).encode()
 
     def set_state(self, state: bytes | str | dict) -> None:
         """Continue right after the saved batch; refuses a state of another source or config."""
-        # Checked before the prefetcher is stopped, so a refused state changes nothing.
-        state = self._it.loader.check_state(state)
-        producer, self._producer = self._producer, None
-        if producer is not None:
-            producer.close()
-        self._it.set_state(state)
-        self._state = self._it.state_later()
+        self._restore(state)
 
     def start_prefetch(self) -> None:
         """Grain's checkpoint handler calls this after a restore; prefetch starts at the next batch."""
 
     def state_dict(self) -> dict[str, Any]:
-        return self._state()
+        return self._taken_state()
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.set_state(state)

@@ -4,19 +4,22 @@ Lightning stores and restores a ``TorchLoader``'s state by itself (it has ``stat
 ``load_state_dict``), but its default fetcher pulls one batch ahead of ``training_step`` when the
 loader has no length. The loader's own state ("after the last batch returned") is then one batch
 ahead of what the model trained on, and a resumed run would skip a batch. Add ``ExactResume()`` to
-the Trainer's callbacks: each train ``TorchLoader`` then records the state after every batch it
-hands out, the callback marks which of them ``training_step`` received, and ``state_dict()``
-answers with that one. Look-ahead of any depth is harmless, resuming stays O(1), and batches
-fetched ahead but not trained on are served again when Lightning restarts its iterator (a new
-Lightning epoch), so none is dropped.
+the Trainer's callbacks: at the start of training it has each train loader count takes
+(``Feed.count_takes``), and in every ``on_train_batch_start`` it has them take one, so
+``state_dict()`` answers with the state after the batch ``training_step`` received. Look-ahead of
+any depth is harmless, resuming stays O(1), and batches fetched ahead but not trained on are served
+again when Lightning restarts its iterator (a new Lightning epoch) and when the fit ends, so none is
+dropped.
 
 A ``TorchLoader`` that a Lightning ``Trainer`` iterates for training without ``ExactResume`` stops
-the run at fit start with an error that names the line to add.
+the run at fit start with an error that names the line to add (``check_fit``).
 
 Example:
     >>> import lightning as L
+    >>> import torch
     >>> import portable_loader as pl
     >>> from portable_loader.adapters.lightning import ExactResume
+    >>> from portable_loader.adapters.torch import TorchLoader
     >>> from portable_loader.precache import sample_args
     >>> class TinyLM(L.LightningModule):   # a bigram model; yours: any LightningModule
     ...     def __init__(self):
@@ -44,89 +47,17 @@ Example:
 
 from __future__ import annotations
 
-import collections
-import functools
-import types
-from typing import Any
+import sys
 
-import torch
+from lightning.pytorch import Trainer
 from lightning.pytorch.callbacks import Callback
+from lightning.pytorch.utilities.combined_loader import CombinedLoader
 
-from portable_loader.adapters.torch import TorchLoader
+from portable_loader.adapters.core import Feed
 
-__all__ = ["ExactResume"]
-
-# Lightning fetches one batch ahead; more than this many batches handed out and never received by
-# training_step means nothing marks them (e.g. training_step(dataloader_iter)), so refuse.
-MAX_AHEAD = 64
+__all__ = ["ExactResume", "check_fit"]
 
 WIRING = "Trainer(callbacks=[portable_loader.adapters.lightning.ExactResume(), ...])"
-
-_active: list["ExactResume"] = []  # callbacks of the Trainers fitting in this process now
-
-
-class _Tracking:
-    """Mixed into a train loader's class: ``state_dict()`` is the state after the batch received."""
-
-    def _start_tracking(self) -> None:
-        self._received = TorchLoader.state_dict(self)
-        self._ahead: collections.deque = collections.deque()
-        self._exhausted = False
-
-    def __next__(self):
-        try:
-            batch = super().__next__()
-        except StopIteration:
-            self._exhausted = True
-            raise
-        if len(self._ahead) >= MAX_AHEAD:
-            raise RuntimeError(
-                f"{MAX_AHEAD} batches were handed out that training_step never received; ExactResume marks a "
-                "batch as received in on_train_batch_start, which training_step(dataloader_iter) bypasses"
-            )
-        self._ahead.append(TorchLoader.state_dict(self))
-        return batch
-
-    def _mark_received(self) -> None:
-        # A loader that is exhausted inside a CombinedLoader contributes no batch: nothing to mark.
-        if self._ahead:
-            self._received = self._ahead.popleft()
-
-    def _drop_look_ahead(self) -> None:
-        """Rewind to the batch last received (O(1)), so batches fetched ahead are served again."""
-        if self._ahead and not self._exhausted:
-            TorchLoader.load_state_dict(self, self._received)
-        self._ahead.clear()
-
-    def state_dict(self) -> dict[str, Any]:
-        return dict(self._received)
-
-    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        super().load_state_dict(state_dict)
-        self._start_tracking()
-
-
-class _Refusing:
-    """Mixed into a mis-wired train loader's class: its next ``next`` raises ``self._refusal``.
-
-    Raised from ``next`` rather than ``iter``: after an error inside ``iter``, Lightning's teardown
-    raises one of its own ("Please call `iter(combined_loader)` first") that buries ours.
-    """
-
-    def __next__(self):
-        self.__class__ = self._plain_class  # usable again once the wiring is fixed
-        raise RuntimeError(self._refusal)
-
-
-def _refuse(loader: TorchLoader, message: str) -> None:
-    loader._refusal = message
-    loader.__class__ = _mixed_class(_Refusing, getattr(loader, "_plain_class", type(loader)))
-
-
-@functools.lru_cache(maxsize=None)
-def _mixed_class(mixin: type, cls: type) -> type:
-    return types.new_class(f"{mixin.__name__.strip('_')}{cls.__name__}", (mixin, cls),
-                           exec_body=lambda ns: ns.update(_plain_class=cls))
 
 
 class ExactResume(Callback):
@@ -141,7 +72,9 @@ class ExactResume(Callback):
     Example:
         >>> import json
         >>> import lightning as L
+        >>> import torch
         >>> import portable_loader as pl
+        >>> from portable_loader.adapters.torch import TorchLoader
         >>> from portable_loader.precache import sample_args
         >>> class TinyLM(L.LightningModule):   # a bigram model; yours: any LightningModule
         ...     def __init__(self):
@@ -167,11 +100,17 @@ class ExactResume(Callback):
     """
 
     def __init__(self) -> None:
-        self._loaders: list = []  # the train loaders being tracked
+        self._feeds: list[Feed] = []  # the train loaders counting takes for this Trainer
 
-    def setup(self, trainer, pl_module, stage: str) -> None:
-        if stage == "fit":
-            _active.append(self)
+    def on_train_start(self, trainer, pl_module) -> None:
+        self._count(trainer)  # Lightning has fetched ahead already: nothing handed out so far is taken
+
+    def on_train_epoch_start(self, trainer, pl_module) -> None:
+        self._count(trainer)  # train loaders reloaded for this epoch (reload_dataloaders_every_n_epochs)
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx: int) -> None:
+        for feed in self._feeds:
+            feed.take()
 
     def teardown(self, trainer, pl_module, stage: str) -> None:
         self.on_exception(trainer, pl_module, None)
@@ -179,53 +118,61 @@ class ExactResume(Callback):
     def on_exception(self, trainer, pl_module, exception) -> None:
         # Lightning never closes a loader it did not create: stop the workers here, at the batch
         # trained on last, so a later fit (or state_dict()) continues from it.
-        loaders, self._loaders = self._loaders, []
-        for loader in loaders:
-            loader._drop_look_ahead()
-            loader.close()
-            loader.__class__ = loader._plain_class
-        if self in _active:
-            _active.remove(self)
+        feeds, self._feeds = self._feeds, []
+        for feed in feeds:
+            feed.stop_counting()
+            feed.close()
 
-    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx: int) -> None:
-        for loader in self._loaders:
-            loader._mark_received()
-
-    def _track(self, loader: TorchLoader) -> None:
-        if isinstance(loader, _Tracking):
-            loader._drop_look_ahead()  # Lightning restarts its iterator: a new Lightning epoch
-        else:
-            loader.__class__ = _mixed_class(_Tracking, getattr(loader, "_plain_class", type(loader)))
-            loader._start_tracking()
-            self._loaders.append(loader)
+    def _count(self, trainer) -> None:
+        # trainer.train_dataloader is what train_dataloader() gave: one loader or a collection of them.
+        for loader in CombinedLoader(trainer.train_dataloader).flattened:
+            if isinstance(loader, Feed) and not any(loader is feed for feed in self._feeds):
+                loader.count_takes()
+                self._feeds.append(loader)
 
 
-def _wiring_error(loader: TorchLoader, caller) -> str | None:
-    if caller.f_globals["__name__"].startswith("pytorch_lightning"):
-        return "ExactResume is a `lightning` callback: import the Trainer from lightning.pytorch, not pytorch_lightning"
-    if not _active:
-        return (
+def check_fit(loader) -> None:
+    """Refuse a Lightning fit that would checkpoint ``loader`` one batch late, or feed each rank all of it.
+
+    ``TorchLoader.__iter__`` calls this while Lightning is imported. Lightning gives a loader no hook
+    of its own, and without ``ExactResume`` no hook of ours runs, so the stack is what tells that a
+    Trainer's ``fit`` is iterating the loader for training (validation, test and predict loaders are
+    read start to end and never checkpointed: they pass). Raised from ``iter()``, the first thing
+    Lightning does with a train loader, so nothing has been fetched.
+
+    Example:
+        >>> import numpy as np, portable_loader as pl
+        >>> from portable_loader.adapters.torch import TorchLoader
+        >>> with TorchLoader(pl.DataLoader([{"input_ids": np.arange(4)}] * 8, global_batch_size=2, seq_len=4)) as tl:
+        ...     check_fit(tl)            # no Trainer is fitting here: nothing to refuse
+    """
+    trainer = _fitting_trainer()
+    if trainer is None or not trainer.training:
+        return
+    if not isinstance(trainer, Trainer):
+        raise RuntimeError("ExactResume is a `lightning` callback: import the Trainer from lightning.pytorch, "
+                           "not pytorch_lightning")
+    if not any(isinstance(callback, ExactResume) for callback in trainer.callbacks):
+        raise RuntimeError(
             "a Lightning Trainer is fitting on a TorchLoader without portable_loader's ExactResume callback. "
             "Lightning fetches one batch ahead of training_step, so its checkpoints would resume one batch late "
             f"(a silently skipped batch). Add the callback: {WIRING}"
         )
-    dist = torch.distributed
-    world = dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
-    if world > 1 and loader.loader.shard_count != world and not loader.loader.shard_given:
-        return (
-            f"this TorchLoader serves the whole global batch, but the run has {world} ranks: it was created "
-            "before torch.distributed was initialized. Create it inside train_dataloader() "
+    if trainer.world_size > 1 and loader.loader.shard_count != trainer.world_size and not loader.loader.shard_given:
+        raise RuntimeError(
+            f"this TorchLoader serves the whole global batch, but the run has {trainer.world_size} ranks: it was "
+            "created before torch.distributed was initialized. Create it inside train_dataloader() "
             "(LightningModule or LightningDataModule), or pass shard_index/shard_count to the DataLoader"
         )
-    return None
 
 
-def lightning_iter(loader: TorchLoader, caller) -> None:
-    """Called by ``TorchLoader.__iter__`` when Lightning's ``CombinedLoader`` (frame ``caller``) iterates it."""
-    if type(caller.f_locals.get("self")).__name__ == "_Sequential":
-        return  # validation/test/predict loaders: read start to end, never checkpointed by Lightning
-    error = _wiring_error(loader, caller)
-    if error is not None:
-        _refuse(loader, error)
-    else:
-        _active[-1]._track(loader)
+def _fitting_trainer():
+    """The Trainer whose ``fit`` is on this thread's stack (the innermost), or None. Frames are matched
+    by the code of the public ``Trainer.fit``: no name of Lightning's internals is relied on."""
+    fits = {Trainer.fit.__code__}
+    if "pytorch_lightning" in sys.modules:
+        fits.add(sys.modules["pytorch_lightning"].Trainer.fit.__code__)
+    frame = sys._getframe(1)
+    while frame is not None and frame.f_code not in fits:
+        frame = frame.f_back
+    return None if frame is None else frame.f_locals["self"]
