@@ -474,3 +474,15 @@ def test_the_names_are_exported_and_documented():
         assert name not in pg.experimental.MISSING and name in pg.experimental.__all__
     assert str(FirstFitPackIterDataset(pg.MapDataset.range(1).to_iter_dataset(), length_struct={"x": 1},
                                        num_packing_bins=1)) == "FirstFitPackIterDataset"
+
+
+def test_empty_elements_under_a_sequence_cap_pack_as_grain_packs_them():
+    # Grain's best fit lets a bin at its cap take another element while bin and element are empty;
+    # its first fit does not. A derandomized draw met this only in some runs: pinned here.
+    els = [{"a": np.array([], dtype=np.int32)} for _ in range(3)] + [{"a": np.arange(1, dtype=np.int32)}]
+    kw = dict(length_struct={"a": 1}, num_packing_bins=1, shuffle_bins=False, seed=0, max_sequences_per_bin=1)
+    for name in ("BestFitPackIterDataset", "FirstFitPackIterDataset"):
+        got, want = ([{k: v.tolist() for k, v in row.items()}
+                      for row in getattr(lib.experimental, name)(lib.MapDataset.source(els).to_iter_dataset(), **kw)]
+                     for lib in (pg, grain))
+        assert got == want, name

@@ -116,7 +116,7 @@ def test_array_record_shards_are_uncompressed_and_old_compressed_ones_are_refuse
         assert [next(it)["input_ids"].shape for _ in range(3)] == [(4, 64)] * 3
 
     monkeypatch.setattr(writer, "ARRAY_RECORD_OPTIONS", "group_size:1")  # what older versions wrote
-    monkeypatch.setattr(sys.modules["portable_loader.precache"], "ARRAY_RECORD_OPTIONS", "group_size:1")
+    monkeypatch.setattr(sys.modules["portable_loader.precache.steps"], "ARRAY_RECORD_OPTIONS", "group_size:1")
     old, _ = build_cache(**sample_args(), out=str(tmp_path / "old"), backend="array_record", num_workers=1)
     assert os.path.basename(old) != os.path.basename(path)  # the options are part of the key
     loader = pl.DataLoader(pl.open_cache(old), global_batch_size=4, seq_len=64, num_workers=2)

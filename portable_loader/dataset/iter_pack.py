@@ -210,7 +210,10 @@ class _Bins:
         row, best_score = -1, -1
         for b in range(len(self.count)):
             if self.max_per_bin is not None and self.count[b] >= self.max_per_bin:
-                continue
+                # Grain's best fit marks a full bin by adding its capacity to the free cells it checks,
+                # which an empty bin still passes with an empty element: it takes one more there.
+                if not (self.best and all(used[b] + n == 0 for used, n in zip(self.used, lengths))):
+                    continue
             if all(used[b] + n <= cap for used, n, cap in zip(self.used, lengths, self.caps)):
                 if not self.best:
                     row = b
