@@ -57,10 +57,11 @@ def pack(record_indices: np.ndarray, lengths: np.ndarray, seq_len: int, overlong
     """
     if overlong not in OVERLONG:
         raise ValueError(f"overlong must be one of {OVERLONG}, got {overlong!r}")
+    lengths = np.asarray(lengths, dtype=np.int64)
     idx_list, len_list = record_indices.tolist(), lengths.tolist()
-    if not len_list or (max(len_list) <= seq_len and min(len_list) > 0):  # common: a record, a piece
+    if not len_list or (lengths.max() <= seq_len and lengths.min() > 0):  # common: a record, a piece
         pieces = list(zip(idx_list, [0] * len(idx_list), len_list))
-        sizes = len_list
+        sizes, by_size = len_list, lengths
     else:
         pieces = []
         for idx, n in zip(idx_list, len_list):
@@ -71,13 +72,14 @@ def pack(record_indices: np.ndarray, lengths: np.ndarray, seq_len: int, overlong
             for start in range(0, n, seq_len):
                 pieces.append((idx, start, min(n, start + seq_len)))
         sizes = [p[2] - p[1] for p in pieces]
+        by_size = np.asarray(sizes, dtype=np.int64)
     rows: list[list[Piece]] = []
     # Free rows as one sorted list of ints room << 32 | row: the same order as (room, row) tuples,
     # compared several times faster. The first entry >= size << 32 is the row with the least room
     # that fits, the lowest-numbered among equals.
     free: list[int] = []
     find, insort, take = bisect.bisect_left, bisect.insort, free.pop
-    for i in np.argsort(-np.asarray(sizes, dtype=np.int64), kind="stable").tolist():
+    for i in np.argsort(-by_size, kind="stable").tolist():
         size = sizes[i]
         slot = find(free, size << 32)
         if slot < len(free):

@@ -318,12 +318,13 @@ class ArrowCacheSource(_CacheSource):
                 # One gather per shard batch met (a few for a loader's chunk of 4,096 records).
                 first = np.empty(idx.size, dtype=np.int64)
                 last = np.empty(idx.size, dtype=np.int64)
-                for group in np.split(order, bounds):
+                edges = [0, *bounds.tolist(), idx.size]
+                for a, b in zip(edges, edges[1:]):  # slices: np.split costs a Python loop of its own
+                    group = order[a:b]
                     offsets, j = self._offsets[seg[group[0]]], local_arr[group]
                     first[group] = offsets[j]
                     last[group] = offsets[j + 1]
-                starts = first.tolist()
-                return Spans(self._ids_bytes, self._mask_bytes, seg.tolist(), [4 * a for a in starts], starts,
+                return Spans(self._ids_bytes, self._mask_bytes, seg.tolist(), (4 * first).tolist(), first.tolist(),
                              (last - first).tolist())
             segs, local = seg.tolist(), local_arr.tolist()  # many shard batches: a loop costs less
         offsets = self._offsets_mv

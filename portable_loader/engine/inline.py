@@ -9,7 +9,10 @@ The inline engine (which the prefetch thread also runs) reads ahead over a cache
 call covers the records of the next steps the plan already knows (``Planner.upcoming``: the rest
 of a chunk of 4,096 positions, or a packing window), so the per-call costs (an ArrayRecord read
 batch, the locating of records in Arrow shards) are paid once per chunk, not once per step. A source with
-``read_ahead`` (a remote cache) narrows those records to what its ``cache_limit`` holds.
+``read_ahead`` (a remote cache) narrows those records to what its ``cache_limit`` holds. When
+packing a local cache on one host without filters, the planner sizes each window through that
+same ``spans`` call (its lengths are the spans' lengths), so a window's records are located once,
+not once for the packer and again for the read-ahead.
 
 Example:
     >>> from portable_loader.dataset import source
@@ -23,6 +26,7 @@ from __future__ import annotations
 import numpy as np
 
 from portable_loader.collate import FIELDS, check_token_records, collate, collate_spans
+from portable_loader.engine.fetch_ahead import remotes_of
 from portable_loader.plan import Cursor, Planner
 
 __all__ = ["InlineEngine", "build_batch"]
@@ -76,9 +80,23 @@ class InlineEngine:
         self._spans = getattr(loader.source, "spans", None)
         self._trim = getattr(loader.source, "read_ahead", None)
         self._ahead: tuple | None = None  # (Spans, record -> entry) of the records read ahead
+        # Packing one host's local cache without filters: a window the planner sizes is exactly
+        # the next read-ahead, so it is sized through spans (a remote cache would fetch its shards
+        # to size them; a filter or other hosts read ahead other records).
+        self._sizes_by_spans = (self._spans is not None and loader.packing and loader.shard_count == 1
+                                and not loader.source.filters and not remotes_of(loader.source))
+        self._sized: tuple | None = None  # (records, their Spans) of the window last sized so
 
     def next(self) -> tuple[dict, Cursor]:
-        planned = self.planner.step(self.cursor)
+        if self._sizes_by_spans:
+            # Lent for this step only: the planner outlives the engine (set_state, close).
+            lengths = self.planner.use_lengths(self._size)
+            try:
+                planned = self.planner.step(self.cursor)
+            finally:
+                self.planner.use_lengths(lengths)
+        else:
+            planned = self.planner.step(self.cursor)
         if planned is None:
             raise StopIteration
         rows, self.cursor = planned
@@ -87,7 +105,8 @@ class InlineEngine:
             rows = loader.local_rows(rows)
         if self._spans is None:
             return build_batch(loader.source, rows, loader.seq_len, loader.pad_id, loader.fields), self.cursor
-        if self._ahead is not None:
+        sized, self._sized = self._sized, None
+        if self._ahead is not None and sized is None:  # (a step that sized a window holds its records)
             try:
                 return collate_spans(rows, *self._ahead, loader.seq_len, loader.pad_id, loader.fields), self.cursor
             except KeyError:  # a record not read ahead: this step opens the next chunk or window
@@ -96,11 +115,26 @@ class InlineEngine:
         ahead = self._upcoming(self.cursor)
         if self._trim is not None:  # a remote cache: read ahead only what its cache_limit holds
             ahead = self._trim(now, ahead)
+        if sized is not None and np.array_equal(sized[0], ahead):  # the window this step opened
+            keys = ahead.tolist()
+            self._ahead = (sized[1], dict(zip(keys, range(len(keys)))))
+            try:
+                return collate_spans(rows, *self._ahead, loader.seq_len, loader.pad_id, loader.fields), self.cursor
+            except KeyError:  # the step also ends the window before: its own records, read now
+                keys = now.tolist()
+                mine = (self._spans(now), dict(zip(keys, range(len(keys)))))
+                return collate_spans(rows, *mine, loader.seq_len, loader.pad_id, loader.fields), self.cursor
         wanted = np.concatenate([now, ahead])
         self._ahead = None  # let the old buffers go before the new ones are read
         keys = wanted.tolist()
         self._ahead = (self._spans(wanted), dict(zip(keys, range(len(keys)))))
         return collate_spans(rows, *self._ahead, loader.seq_len, loader.pad_id, loader.fields), self.cursor
+
+    def _size(self, records: np.ndarray) -> np.ndarray:
+        """The planner's lengths of a window's ``records``, from their ``Spans`` (kept to read ahead)."""
+        spans = self._spans(records)
+        self._sized = (records, spans)
+        return np.array(spans.length, dtype=np.int64)
 
     def _upcoming(self, cur: Cursor) -> np.ndarray:
         """This host's records among the next steps' that the plan knows (none when that is unclear)."""
@@ -117,4 +151,4 @@ class InlineEngine:
         return recs[row // b == loader.shard_index]
 
     def close(self) -> None:
-        self._ahead = None
+        self._ahead = self._sized = None
