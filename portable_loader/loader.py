@@ -278,7 +278,7 @@ class DataLoader:
         self.skip_batches = skips
         if skips:
             self._check_skippable(sizes)
-        groups = getattr(source, "source_groups", None)  # a mixture (or a transform over one)
+        groups = source.source_groups  # a mixture (or a transform over one)
         self._groups = groups() if groups is not None else ((None,), np.array([0, len(source)], dtype=np.int64))
         self._skip_spans = tuple((sizes.samples_at(a), sizes.samples_at(b)) for a, b in skips)
         # Without the batch size: a state is a position in a stream that the size only cuts into steps.
@@ -412,14 +412,14 @@ class DataLoader:
         state = parse_state(state)
         planner = self.planner_for(state)
         cursor = check_state(state, self, planner, sources)
-        return make_state(self, cursor, sources, getattr(planner.sampler, "online", ()))
+        return make_state(self, cursor, sources, planner.sampler.online)
 
     def planner_for(self, state: dict, reuse: Planner | None = None) -> Planner:
         """A planner of the stream ``state`` (a parsed state) was saved in: a mixture's online stages
         (``it.set_weights``) included. ``reuse`` is returned where it plans that stream already."""
         online = online_stages(state, self) if isinstance(self.sampler, MixOrder) else []
         if not online:
-            return reuse if reuse is not None and not getattr(reuse.sampler, "online", None) else self.planner()
+            return reuse if reuse is not None and not reuse.sampler.online else self.planner()
         order = self.sampler
         for st in online:
             order = order.with_stage(st)
@@ -481,7 +481,7 @@ class DataLoader:
             lengths = planner.lengths_at(lo, hi, recs).tolist()
             rows = [[(i, s, min(e, n)) for i, s, e in row] for row, n in zip(rows, lengths)] + rows[hi - lo:]
         flat = [i for row in rows for i, _, _ in row]
-        locate = getattr(self.source, "locate", None)
+        locate = self.source.locate
         names = iter(locate(flat) if locate else [(None, i) for i in flat])
         return [[(*next(names), s, e) for _, s, e in row] for row in rows]
 
@@ -641,7 +641,7 @@ class LoaderIterator(Closing, Iterator[dict]):
                                  self._online)
 
     def _online(self) -> list:
-        return getattr(self._planner.sampler, "online", [])
+        return self._planner.sampler.online
 
     def set_state(self, state: dict[str, Any] | str | bytes) -> None:
         """Continue right after the batch the state was taken at; O(1) (packing: one window), no replay.

@@ -49,6 +49,7 @@ class LCGSampler:
     """
 
     whole_epochs = True  # each epoch is one permutation of every record (dataset.protocols.StreamOrder)
+    online = ()  # no stages set while running: only a mixture's order has them
 
     def __init__(
         self,

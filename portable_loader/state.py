@@ -146,7 +146,7 @@ def make_state(loader, cursor: Cursor, sources=None, online=()) -> dict[str, Any
         "batch_size": sizes.size(cursor.step, cursor.samples),
         "batch_schedule": sizes.digest(cursor.step, cursor.samples),
     }
-    digests = getattr(loader.source, "schedule_digests", None)
+    digests = loader.source.schedule_digests
     if digests is not None:
         online = online() if callable(online) else online
         used = _used(loader, cursor)
@@ -275,7 +275,7 @@ def check_state(raw, loader, planner: Planner, sources: list | None = None) -> C
     missing = [k for k in _FIELDS if k not in state]
     if missing:
         raise StateError(missing[0], "is missing")
-    mixture = getattr(loader.source, "schedule_digests", None) is not None
+    mixture = loader.source.schedule_digests is not None
     if mixture and _MIX_FIELD not in state:
         raise StateError(_MIX_FIELD, "is missing (this loader reads a mixture; the state was not saved from one)")
     extra = sorted(set(state) - set(_FIELDS) - {_SOURCES_FIELD} - ({_MIX_FIELD, _ONLINE_FIELD} if mixture else set()),
@@ -313,7 +313,7 @@ def check_state(raw, loader, planner: Planner, sources: list | None = None) -> C
         if not isinstance(saved, list) or not all(isinstance(d, str) for d in saved):
             raise StateError(_MIX_FIELD, f"must be a list of strings, got {saved!r}")
         used = _used(loader, Cursor(step, window, row, samples))
-        online = planner.sampler.online if hasattr(planner.sampler, "online") else []
+        online = planner.sampler.online
         why = loader.source.schedule_change(saved, min(used, online[0].start) if online else used)
         if why:
             raise StateError(_MIX_FIELD, f"{why}: refused")

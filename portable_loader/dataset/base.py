@@ -41,6 +41,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from portable_loader.collate import check_token_records
+from portable_loader.dataset.protocols import Capabilities
 from portable_loader.indexing import parse_index
 
 __all__ = ["Dataset", "as_indices", "digest", "function_identity", "records_digest", "within"]
@@ -48,7 +49,7 @@ __all__ = ["Dataset", "as_indices", "digest", "function_identity", "records_dige
 _DIGEST_HEX = 16  # 64 bits: states are compared, never looked up among many
 
 
-class Dataset:
+class Dataset(Capabilities):
     """Base of every dataset: subclasses define ``__len__``, ``__getitems__`` and ``_identity``.
 
     ``__getitems__(indices)`` takes a sequence (or 1-D int array) of indices in ``[0, len)`` and
@@ -70,8 +71,6 @@ class Dataset:
     #: ``lengths`` answers without reading records (the loader then counts over-long records in
     #: padded mode too; reading every record twice for a count is not worth it).
     cheap_lengths: bool = False
-    #: Why worker processes forked from this one must not read this dataset, or None when they may.
-    fork_hazard: str | None = None
     #: The filters in this tree (their labels); when there are any the loader asks ``accepts``.
     filters: tuple[str, ...] = ()
     #: Whether ``__getitems__``, ``lengths`` and ``accepts`` take indices past ``len`` by Grain's rule

@@ -108,9 +108,9 @@ class Mix(Dataset):
         self.stages = self._stages(weights)
         self.cheap_lengths = all(c.cheap_lengths for c in children)
         self.filters = tuple(f"{n}: {f}" for n, c in zip(names, children) for f in c.filters)
-        self._flat = not any(hasattr(c, "locate") for c in children)  # no nested mix: locate needs no recursion
+        self._flat = not any(c.locate is not None for c in children)  # no nested mix: locate needs no recursion
         self.fork_hazard = next((c.fork_hazard for c in children if c.fork_hazard), None)
-        self._spans_ok = all(callable(getattr(c, "spans", None)) for c in children)
+        self._spans_ok = all(c.spans is not None for c in children)
 
     # --- the schedule ---------------------------------------------------------------------------
 
@@ -305,7 +305,7 @@ class Mix(Dataset):
         """``spans(indices)``: where the records' tokens lie (a :class:`~portable_loader.cache.readers.Spans`),
         each source asked once for its records and the answers joined in the order asked: the
         loader's fast path, as over a single cache. Only when every source has ``spans`` (caches,
-        nested mixes of caches); otherwise the attribute is absent and the loader collates records.
+        nested mixes of caches); otherwise None and the loader collates records.
 
         Example:
             >>> import portable_loader as pl
@@ -314,12 +314,10 @@ class Mix(Dataset):
             >>> m = mix({"a": chat, "b": chat}, {"a": 1, "b": 1})
             >>> m.spans([2000, 1, 2004]).length == m.lengths([2000, 1, 2004]).tolist()
             True
-            >>> hasattr(mix({"a": chat, "b": [{"input_ids": np.arange(3)}]}, {"a": 1, "b": 1}), "spans")
-            False
+            >>> mix({"a": chat, "b": [{"input_ids": np.arange(3)}]}, {"a": 1, "b": 1}).spans is None
+            True
         """
-        if not self._spans_ok:
-            raise AttributeError("this mixture has no 'spans': a source of it has none (it is not a cache)")
-        return self._spans
+        return self._spans if self._spans_ok else None
 
     def _spans(self, indices) -> Spans:
         n, parts = self.per_source("spans", indices)
@@ -330,7 +328,7 @@ class Mix(Dataset):
     @property
     def read_ahead(self):
         """``read_ahead(now, ahead)``: the records of ``ahead`` worth reading with ``now``'s, each
-        source deciding over its own (a remote cache keeps within its ``cache_limit``); present
+        source deciding over its own (a remote cache keeps within its ``cache_limit``); there
         with ``spans``, whose read-ahead it bounds.
 
         Example:
@@ -341,16 +339,14 @@ class Mix(Dataset):
             >>> m.read_ahead(np.array([0]), np.array([5, 2005, 7])).tolist()   # local caches: all of them
             [5, 2005, 7]
         """
-        if not self._spans_ok:
-            raise AttributeError("this mixture has no 'read_ahead': it has no 'spans' (a source of it is not a cache)")
-        return self._read_ahead
+        return self._read_ahead if self._spans_ok else None
 
     def _read_ahead(self, now: np.ndarray, ahead: np.ndarray) -> np.ndarray:
         _, now_groups = self._groups(now)
         now_of = {i: rec for i, _, rec in now_groups}
         keep = None
         for i, where, rec in self._groups(ahead)[1]:
-            trim = getattr(self.children[i], "read_ahead", None)
+            trim = self.children[i].read_ahead
             kept = rec if trim is None else trim(now_of.get(i, rec[:0]), rec)
             if kept is not rec and kept.size < rec.size:  # a local cache hands back what it was given
                 if keep is None:
@@ -361,7 +357,7 @@ class Mix(Dataset):
     @property
     def collate_rows(self):
         """``collate_rows(rows, seq_len, pad_id, fields)``: a batch of windows (``packing="concat"``),
-        each source filling the rows of its own windows; present when every source has it.
+        each source filling the rows of its own windows; there when every source has it (else None).
 
         Example:
             >>> from portable_loader.dataset.windows import concat_windows
@@ -370,9 +366,7 @@ class Mix(Dataset):
             >>> m.collate_rows([[(2, 0, 4)], [(0, 0, 4)]], 4, fields=("input_ids", "attention_mask"))["input_ids"].tolist()
             [[9, 10, 11, 12], [1, 2, 3, 4]]
         """
-        if not all(callable(getattr(c, "collate_rows", None)) for c in self.children):
-            raise AttributeError("this mixture has no 'collate_rows': a source of it is not cut into windows")
-        return self._collate_rows
+        return self._collate_rows if all(c.collate_rows is not None for c in self.children) else None
 
     def _collate_rows(self, rows, seq_len: int, pad_id: int = 0, fields=None) -> dict[str, np.ndarray]:
         full = [r for r, row in enumerate(rows) if row]
@@ -417,7 +411,7 @@ class Mix(Dataset):
         out: list = [None] * n
         for i, where, rec in groups:
             child, name = self.children[i], self.names[i]
-            nested = getattr(child, "locate", None)  # a mix, or a transform over one
+            nested = child.locate  # a mix, or a transform over one
             if nested is not None:
                 found = [(f"{name}/{p}", r) for p, r in nested(rec)]
             else:
@@ -473,7 +467,7 @@ class Mix(Dataset):
                    Fraction(0))
 
     def _identity(self) -> tuple:
-        kids = tuple((c.fingerprint(), c.schedule_digests() if hasattr(c, "schedule_digests") else None)
+        kids = tuple((c.fingerprint(), c.schedule_digests() if c.schedule_digests is not None else None)
                      for c in self.children)
         lengths = None if self.mean_lengths is None else tuple(str(m) for m in self.mean_lengths)
         # 2: a block's draws take their sources' positions in slot order (MixOrder._block_order), so

@@ -19,7 +19,7 @@ from typing import Protocol, Sequence, runtime_checkable
 
 import numpy as np
 
-__all__ = ["RandomAccess", "TokenLengths", "Filtered", "StreamOrder"]
+__all__ = ["Capabilities", "RandomAccess", "TokenLengths", "Filtered", "StreamOrder"]
 
 
 @runtime_checkable
@@ -93,6 +93,45 @@ class Filtered(Protocol):
     def accepts(self, indices: Sequence[int] | np.ndarray) -> np.ndarray: ...
 
 
+class Capabilities:
+    """The optional capabilities of a dataset, with the value ``pl.Dataset`` gives each where a dataset
+    has none: the loader reads them as attributes, never by probing.
+
+    * ``spans(indices)``: where the records' tokens lie in mapped buffers (a
+      :class:`~portable_loader.cache.readers.Spans`): the loader copies batches straight from them
+      (caches, mixtures of caches). ``read_ahead(now, ahead)``: of the records ``ahead``, those worth
+      reading together with ``now`` (a remote cache keeps within its ``cache_limit``).
+    * ``collate_rows(rows, seq_len, pad_id, fields)``: the dataset builds the batch of a row plan
+      itself (windows of a token stream, ``packing="concat"``).
+    * ``tokenizes_ahead``: reading a record tokenizes it, so the loader's workers compute packing
+      windows' lengths ahead of the planner (``pl.tokenized``).
+    * ``source_groups()``, ``locate(indices)``, ``schedule_digests(position)``,
+      ``schedule_change(saved, position)``: a mixture's sources, which source and record an index
+      is, and the schedule checks a state carries; transforms pass them through from their parent.
+    * ``fork_hazard``: why forked worker processes must not read the dataset (None: they may);
+      ``reopen()``: the same dataset with its own file handles, for a worker process.
+
+    Example:
+        >>> import numpy as np
+        >>> from portable_loader.dataset import mix, source
+        >>> plain = source([{"input_ids": np.arange(3)}])
+        >>> plain.spans, plain.collate_rows, plain.source_groups, plain.tokenizes_ahead
+        (None, None, None, False)
+        >>> mix({"a": plain, "b": plain}, {"a": 1, "b": 1}).map(dict).source_groups()[0]
+        ('a', 'b')
+    """
+
+    spans = None
+    read_ahead = None
+    collate_rows = None
+    tokenizes_ahead = False
+    source_groups = None
+    locate = None
+    schedule_digests = None
+    schedule_change = None
+    fork_hazard: str | None = None
+
+
 @runtime_checkable
 class StreamOrder(Protocol):
     """Stream position -> dataset index: the one interface the planner takes every order through.
@@ -116,6 +155,9 @@ class StreamOrder(Protocol):
     shuffle: bool
     num_epochs: int | None
     whole_epochs: bool
+    #: Stages of a mixture set while the loader ran (``it.set_weights``), which a state carries;
+    #: empty for every other order.
+    online: tuple | list
 
     def __len__(self) -> int: ...
 

@@ -21,7 +21,7 @@ from __future__ import annotations
 import numpy as np
 
 from portable_loader.dataset.remap import Remap
-from portable_loader.dataset.transforms import _FORWARDED
+from portable_loader.dataset.transforms import PassesMixture
 
 __all__ = ["WithSeed", "default_seed", "parents_of"]
 
@@ -70,7 +70,7 @@ def default_seed(parent, depth: int = 1) -> int | None:
     return int(np.random.SeedSequence(aggregated).generate_state(1, dtype=np.uint32)[0])
 
 
-class WithSeed(Remap):
+class WithSeed(PassesMixture, Remap):
     """The parent unchanged, carrying the seed that random transforms below derive theirs from.
 
     Its records, index space and stream order are the parent's; the seed enters the fingerprint.
@@ -93,10 +93,5 @@ class WithSeed(Remap):
         return ("seed", self._seed_rng_seed)
 
     def stream_order(self, seed: int, *, shuffle: bool = True, num_epochs: int | None = None):
-        # Nothing moves, so a mixture below keeps its own order (and its lookups, below).
+        # Nothing moves, so a mixture below keeps its own order (and its lookups: PassesMixture).
         return self.parent.stream_order(seed, shuffle=shuffle, num_epochs=num_epochs)
-
-    def __getattr__(self, name: str):
-        if name in _FORWARDED and "parent" in self.__dict__:
-            return getattr(self.__dict__["parent"], name)
-        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")

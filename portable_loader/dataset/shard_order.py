@@ -54,6 +54,7 @@ class ShardShuffle:
 
     shuffle = True
     whole_epochs = True  # each epoch is one permutation of every record (dataset.protocols.StreamOrder)
+    online = ()  # no stages set while running: only a mixture's order has them
 
     def __init__(self, shard_rows: Sequence[int], group: int, seed: int, *, num_epochs: int | None = None):
         rows = np.asarray(shard_rows, dtype=np.int64)

@@ -32,11 +32,8 @@ import numpy as np
 
 from portable_loader.dataset.base import Dataset, function_identity, within
 
-__all__ = ["Filter", "Map", "apply_transformations", "as_function"]
+__all__ = ["Filter", "Map", "PassesMixture", "apply_transformations", "as_function"]
 
-# What a transform passes through from its parent, only where the parent has it (a mixture's
-# ``locate`` and schedule checks): the loader looks these up with getattr.
-_FORWARDED = frozenset({"locate", "schedule_digests", "schedule_change", "source_groups"})
 _MEMO_TOKENS = 1 << 21  # tokens of records a filter read for its predicate, kept for the fetch that follows
 
 
@@ -130,7 +127,37 @@ def _grain_kind(tr, t) -> str | None:
     return next((k for k, _ in _KINDS if isinstance(tr, getattr(t, k))), None)
 
 
-class _Transform(Dataset):
+class PassesMixture:
+    """A dataset over one ``parent`` whose index ``i`` is the parent's ``i``: it passes the parent's
+    mixture capabilities through (``dataset.protocols.Capabilities``): which source a record is, and
+    the schedule checks a state carries.
+
+    Example:
+        >>> import numpy as np
+        >>> from portable_loader.dataset import mix
+        >>> m = mix({"a": [{"input_ids": np.arange(2)}], "b": [{"input_ids": np.arange(3)}]}, {"a": 1, "b": 1})
+        >>> m.map(dict).locate([1])
+        [('b', 0)]
+    """
+
+    @property
+    def source_groups(self):
+        return self.parent.source_groups
+
+    @property
+    def locate(self):
+        return self.parent.locate
+
+    @property
+    def schedule_digests(self):
+        return self.parent.schedule_digests
+
+    @property
+    def schedule_change(self):
+        return self.parent.schedule_change
+
+
+class _Transform(PassesMixture, Dataset):
     """A dataset over ``parent`` with the same indices, order, format and mixture lookups."""
 
     parent: Dataset
@@ -158,12 +185,6 @@ class _Transform(Dataset):
     def reopen(self) -> "_Transform":
         parent = self.parent.reopen()
         return self if parent is self.parent else self._with_parent(parent)
-
-    def __getattr__(self, name: str):
-        # Only reached when normal lookup fails; "parent" itself is absent while unpickling.
-        if name in _FORWARDED and "parent" in self.__dict__:
-            return getattr(self.__dict__["parent"], name)
-        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
 
 
 def _label(kind: str, fn, name: str | None) -> str:

@@ -38,10 +38,9 @@ def _records_of(rows) -> list[int]:
 
 def build_batch(source, rows, seq_len: int, pad_id: int, fields=FIELDS) -> dict[str, np.ndarray]:
     """Fetch the records a row plan names (one batched read) and collate ``fields`` of them."""
-    own = getattr(source, "collate_rows", None)  # windows of a token stream (packing="concat")
-    if own is not None:
-        return own(rows, seq_len, pad_id, fields)
-    spans = getattr(source, "spans", None)
+    if source.collate_rows is not None:  # windows of a token stream (packing="concat")
+        return source.collate_rows(rows, seq_len, pad_id, fields)
+    spans = source.spans
     if spans is not None:
         wanted = _records_of(rows)
         return collate_spans(rows, spans(np.asarray(wanted, dtype=np.int64)), dict(zip(wanted, range(len(wanted)))),
@@ -77,8 +76,7 @@ class InlineEngine:
 
     def __init__(self, loader, planner: Planner, cursor: Cursor):
         self.loader, self.planner, self.cursor = loader, planner, cursor
-        self._spans = getattr(loader.source, "spans", None)
-        self._trim = getattr(loader.source, "read_ahead", None)
+        self._spans, self._trim = loader.source.spans, loader.source.read_ahead
         self._ahead: tuple | None = None  # (Spans, record -> entry) of the records read ahead
         # Packing one host's local cache without filters: a window the planner sizes is exactly
         # the next read-ahead, so it is sized through spans (a remote cache would fetch its shards

@@ -101,10 +101,7 @@ def _worker_main(index: int, loader, inbox, outbox, parent: int, forked_from_mai
     try:
         if os.getppid() != parent:  # it died before we got here
             return
-        source = loader.source
-        reopen = getattr(source, "reopen", None)
-        if reopen is not None:
-            source = reopen()  # file handles and reader threads do not survive fork: open our own
+        source = loader.source.reopen()  # file handles and reader threads do not survive fork: open our own
         for key, payload in worker_tasks(inbox, parent):
             try:
                 if isinstance(key, tuple):  # ("ahead", block, part): tokenize records, answer their lengths
@@ -160,7 +157,7 @@ class ProcessEngine:
 
     def __init__(self, loader, planner: Planner, cursor: Cursor):
         ctx = mp.get_context("fork" if "fork" in mp.get_all_start_methods() else "spawn")
-        hazard = getattr(loader.source, "fork_hazard", None)
+        hazard = loader.source.fork_hazard
         if hazard and ctx.get_start_method() == "fork":
             raise CacheError(hazard)
         self._loader, self._planner = loader, planner
