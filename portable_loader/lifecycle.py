@@ -30,7 +30,7 @@ import threading
 import uuid
 import weakref
 
-__all__ = ["Closing", "close_at_exit", "close_all", "hook_last", "pid_alive", "private_path", "sweep_stale"]
+__all__ = ["Closing", "close_at_exit", "close_all", "hook_last", "in_finalizer", "pid_alive", "private_path", "sweep_stale"]
 
 # Live closables and the order they were registered in: the exit hook closes the newest first, so an
 # adapter (registered after the iterator it creates) stops its thread before the iterator's workers.
@@ -67,10 +67,30 @@ class Closing:
         self.close()
 
     def __del__(self):
+        _finalizing.depth = getattr(_finalizing, "depth", 0) + 1
         try:
             self.close()
         except Exception:  # interpreter shutdown: modules may already be gone
             pass
+        finally:
+            _finalizing.depth -= 1
+
+
+_finalizing = threading.local()
+
+
+def in_finalizer() -> bool:
+    """Whether this thread is running a ``close()`` from garbage collection.
+
+    Such a ``close()`` must not wait for other threads: a collection can run inside ``threading``'s
+    own bookkeeping (a new thread starting), where joining a finished thread takes a lock that is
+    already held, and the process hangs. Closers signal their threads to stop and return.
+
+    Example:
+        >>> in_finalizer()
+        False
+    """
+    return getattr(_finalizing, "depth", 0) > 0
 
 
 def close_at_exit(obj) -> None:

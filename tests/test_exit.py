@@ -398,3 +398,24 @@ def test_maxtext_style_manager_restores_two_processes_into_one(tmp_path, saved_b
     with fresh() as jl, pytest.raises(ValueError, match="process_0-of-1.json"):
         grain_mngr.restore(steps, args=ocp.args.Composite(iter=grain_restore(jl)))
     grain_mngr.close()
+
+
+def test_a_close_run_by_garbage_collection_knows_it_and_does_not_wait():
+    # A collection can run inside threading's own bookkeeping (a new thread starting); a close() there
+    # that joined a finished thread would take a lock already held and hang the process (met in a full
+    # run: a DatasetIterator collected while Grain's ElasticIterator started a prefetch thread).
+    import gc
+
+    from portable_loader.lifecycle import Closing, in_finalizer
+
+    seen = []
+
+    class Probe(Closing):
+        def close(self):
+            seen.append(in_finalizer())
+
+    p = Probe()
+    p.close()
+    del p
+    gc.collect()
+    assert seen == [False, True] and not in_finalizer()

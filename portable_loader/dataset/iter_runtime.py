@@ -30,6 +30,7 @@ from typing import Callable, Sequence
 from portable_loader.dataset.batch import stack
 from portable_loader.dataset.iter_ops import ElementOp, Segment, apply_one, read_chunk, run_chunk, run_slowly
 from portable_loader.errors import FilterError
+from portable_loader.lifecycle import in_finalizer
 
 __all__ = ["BatchIter", "InlineExec", "MixIter", "OpIter", "SourceIter", "mix_choice", "int_proportions"]
 
@@ -132,7 +133,8 @@ class InlineExec:
     def close(self) -> None:
         self._cancel()
         if self._pool is not None:
-            self._pool.shutdown(wait=True, cancel_futures=True)
+            # A collection must not wait on threads (lifecycle.in_finalizer): the pool's end on their own.
+            self._pool.shutdown(wait=not in_finalizer(), cancel_futures=True)
             self._pool = None
 
 

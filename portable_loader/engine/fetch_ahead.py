@@ -39,6 +39,7 @@ import threading
 
 import numpy as np
 
+from portable_loader.lifecycle import in_finalizer
 from portable_loader.plan import Cursor
 
 __all__ = ["FetchAhead", "remotes_of"]
@@ -134,7 +135,8 @@ class FetchAhead:
         with self._cond:
             self._stop = True
             self._cond.notify_all()
-        self._thread.join(timeout=_JOIN_S)
+        if not in_finalizer():  # a collection must not wait on threads (lifecycle.in_finalizer)
+            self._thread.join(timeout=_JOIN_S)
         self.engine.close()
 
     def _mine(self, lo: int, hi: int) -> np.ndarray:
