@@ -28,12 +28,12 @@ Example:
 
 from __future__ import annotations
 
-import copy
 import sys
 
 import numpy as np
 
 from portable_loader.dataset.base import Dataset, as_indices, function_identity, within
+from portable_loader.dataset.remap import over_reopened_parent
 
 __all__ = ["FlatMapMapDataset", "flat_map_function", "pieces_of"]
 
@@ -150,12 +150,7 @@ class FlatMapMapDataset(Dataset):
         return (self.parent.fingerprint(), self.fan_out, function_identity(self.fn))
 
     def reopen(self) -> "FlatMapMapDataset":
-        parent = self.parent.reopen()
-        if parent is self.parent:
-            return self
-        view = copy.copy(self)
-        view.parent = parent
-        return view
+        return over_reopened_parent(self)
 
     def __str__(self) -> str:
         return f"FlatMapMapDataset(transform={type(self.transform).__name__})"

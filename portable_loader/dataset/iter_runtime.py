@@ -281,7 +281,34 @@ class OpIter:
         self.child.close()
 
 
-class BatchIter:
+class OverChild:
+    """A running part that holds no state of its own: its state, restore and close are its child's.
+
+    Example:
+        >>> from portable_loader.dataset import source
+        >>> src = SourceIter("0.source.position", source([1, 2]), Segment(allow_nones=False), InlineExec())
+        >>> src.seal()
+        >>> part = BatchIter(src, 2, drop_remainder=False, batch_fn=None)   # a batch holds nothing between batches
+        >>> isinstance(part, OverChild), part.field_names() == src.field_names()
+        (True, True)
+    """
+
+    child: object
+
+    def fields(self) -> dict:
+        return self.child.fields()
+
+    def field_names(self) -> list[str]:
+        return self.child.field_names()
+
+    def restore(self, fields: dict, refuse) -> None:
+        self.child.restore(fields, refuse)
+
+    def close(self) -> None:
+        self.child.close()
+
+
+class BatchIter(OverChild):
     """Grain's ``IterDataset.batch``: ``batch_size`` elements per batch, stacked by
     :func:`portable_loader.dataset.batch.stack` (Grain's ``make_batch``) unless ``batch_fn`` is given;
     nothing is held between batches, so the state is the source's position.
@@ -312,17 +339,6 @@ class BatchIter:
             raise StopIteration
         return stack(values, self.batch_fn)
 
-    def fields(self) -> dict:
-        return self.child.fields()
-
-    def field_names(self) -> list[str]:
-        return self.child.field_names()
-
-    def restore(self, fields: dict, refuse) -> None:
-        self.child.restore(fields, refuse)
-
-    def close(self) -> None:
-        self.child.close()
 
 
 def int_proportions(weights: Sequence[float], scale_min_to: int = 100) -> list[int]:

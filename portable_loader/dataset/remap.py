@@ -26,7 +26,7 @@ import numpy as np
 
 from portable_loader.dataset.base import Dataset, as_indices, within
 
-__all__ = ["Remap"]
+__all__ = ["Remap", "over_reopened_parent"]
 
 
 class Remap(Dataset):
@@ -86,9 +86,22 @@ class Remap(Dataset):
         return (self.parent.fingerprint(), *self._params())
 
     def reopen(self) -> "Remap":
-        parent = self.parent.reopen()
-        if parent is self.parent:
-            return self
-        view = copy.copy(self)  # the same parameters (and fingerprint) over the reopened parent
-        view.parent = parent
+        return over_reopened_parent(self)
+
+
+def over_reopened_parent(view):
+    """``view`` itself, or where its ``parent`` opens files of its own in a worker, a copy of it (the
+    same parameters and fingerprint) over the reopened parent: a one-parent view's ``reopen``.
+
+    Example:
+        >>> from portable_loader.dataset import Dataset
+        >>> ds = Dataset.range(5)[1:3]
+        >>> over_reopened_parent(ds) is ds   # nothing below holds files
+        True
+    """
+    parent = view.parent.reopen()
+    if parent is view.parent:
         return view
+    clone = copy.copy(view)
+    clone.parent = parent
+    return clone

@@ -23,13 +23,13 @@ Example:
 
 from __future__ import annotations
 
-import copy
 
 import numpy as np
 
 from portable_loader.dataset.base import Dataset, as_indices, function_identity
 from portable_loader.dataset.batch import stack
 from portable_loader.dataset.flat_map import flat_map_function, pieces_of
+from portable_loader.dataset.remap import over_reopened_parent
 from portable_loader.dataset.iter_flat_map import FlatMapIterDataset
 from portable_loader.grain.transforms import kind_of
 
@@ -102,12 +102,7 @@ class StreamRecords(Dataset):
         return (self.parent.fingerprint(), self.order.identity)
 
     def reopen(self) -> "StreamRecords":
-        parent = self.parent.reopen()
-        if parent is self.parent:
-            return self
-        view = copy.copy(self)
-        view.parent = parent
-        return view
+        return over_reopened_parent(self)
 
 
 class _OnData:

@@ -49,6 +49,7 @@ import numpy as np
 from portable_loader.dataset.base import Dataset
 from portable_loader.dataset.batch import stack
 from portable_loader.dataset.iter_dataset import IterDataset, to_iter_dataset
+from portable_loader.dataset.iter_runtime import OverChild
 from portable_loader.grain.options import ReadOptions
 from portable_loader.grain.sharding import shard_of
 
@@ -209,7 +210,7 @@ class _SlicePart:
             self.it.close()
 
 
-class _SharePart:
+class _SharePart(OverChild):
     """Every shard reads the whole global stream and keeps its share of each global batch; the stream's state is shared."""
 
     def __init__(self, child, spec: ElasticIterator):
@@ -227,14 +228,3 @@ class _SharePart:
             raise StopIteration
         return stack(own)
 
-    def fields(self) -> dict:
-        return self.child.fields()
-
-    def field_names(self) -> list[str]:
-        return self.child.field_names()
-
-    def restore(self, fields: dict, refuse) -> None:
-        self.child.restore(fields, refuse)
-
-    def close(self) -> None:
-        self.child.close()
