@@ -280,6 +280,10 @@ class Formatter:
         full = self.backend.encode("a", add_special_tokens=fmt != "chat").ids
         self._post_suffix = len(full) - len(plain) - _find(full, plain)
         self._post_eos = fmt != "chat" and self._post_suffix > 0 and full[-1] == self.eos_id
+        # The text format trains on every token, so it needs no character offsets: the Rust encoder's
+        # encode_batch_fast skips computing them (~20% of encode_batch's time), ids unchanged.
+        fast = getattr(self.backend, "encode_batch_fast", None) if fmt == "text" else None
+        self._encode_batch = fast or self.backend.encode_batch
         self._turn_ends = sorted(
             {t.content for t in tokenizer.added_tokens_decoder.values() if t.special}, key=len, reverse=True
         )
@@ -415,7 +419,7 @@ class Formatter:
             spans.append((i, row_spans))
         if not texts:
             return out
-        encodings = self.backend.encode_batch(texts, add_special_tokens=self.fmt != "chat")
+        encodings = self._encode_batch(texts, add_special_tokens=self.fmt != "chat")
         for (i, row_spans), text, enc in zip(spans, texts, encodings):
             out[i] = self._finish(enc, len(text), row_spans)
         return out

@@ -70,14 +70,13 @@ class Spill:
         numbered = name is None
         name = f"m{self.count:010d}" if numbered else name
         tmp = os.path.join(self.dir, f".{name}.{os.getpid()}.tmp")
+        order = idx.tolist()
+        # One buffer and one write: a write per record cost more than the records' bytes.
+        ids = np.concatenate([np.zeros(0, np.int32)] + [records[i][0] for i in order]).astype(np.int32, copy=False)
+        mask = np.concatenate([np.zeros(0, np.uint8)] + [records[i][1] for i in order]).astype(np.uint8, copy=False)
         with open(tmp, "wb") as f:
-            np.array([idx.size], dtype=np.int64).tofile(f)
-            idx.tofile(f)
-            lens.tofile(f)
-            for i in idx.tolist():
-                np.ascontiguousarray(records[i][0], dtype=np.int32).tofile(f)
-            for i in idx.tolist():
-                np.ascontiguousarray(records[i][1], dtype=np.uint8).tofile(f)
+            f.write(b"".join((np.array([idx.size], dtype=np.int64).tobytes(), idx.tobytes(), lens.tobytes(),
+                              ids.tobytes(), mask.tobytes())))
         os.rename(tmp, os.path.join(self.dir, name))
         if numbered:
             if self.count >= KEEP:
