@@ -221,3 +221,14 @@ def test_a_state_held_from_before_a_change_carries_the_change_made_after_it():
         resumed.set_state(state)
         assert same([next(resumed) for _ in range(6)], want)
     assert {s for b in want[1:] for s, _ in rows_of(b)} == {2}
+
+
+def test_grain_style_iterators_refuse_set_weights_saying_why():
+    from portable_loader import grain
+
+    its = [iter(grain.MapDataset.range(8).to_iter_dataset()),
+           iter(grain.DataLoader(data_source=list(range(8)), sampler=grain.samplers.IndexSampler(8)))]
+    for it in its:
+        with pytest.raises(ValueError, match="follows its pipeline's own order.*pl.mix"):
+            it.set_weights({"a": 1})
+        it.close()

@@ -205,6 +205,21 @@ class DatasetIterator(Closing):
             >>> iter(to_iter_dataset([1])).start_prefetch()
         """
 
+    def set_weights(self, weights) -> None:
+        """Refused with a ``ValueError`` that says why: only ``pl.DataLoader`` over ``pl.mix(...)`` re-weights
+        while running; this iterator follows its pipeline's own order (Grain's ``mix`` is a fixed interleave).
+
+        Example:
+            >>> from portable_loader.grain import MapDataset
+            >>> it = iter(MapDataset.range(4).to_iter_dataset())
+            >>> it.set_weights({"a": 1})
+            Traceback (most recent call last):
+            ...
+            ValueError: set_weights: a Grain-style iterator follows its pipeline's own order; re-weight a pl.DataLoader over pl.mix(...) instead (its iterator's set_weights)
+        """
+        raise ValueError("set_weights: a Grain-style iterator follows its pipeline's own order; re-weight a "
+                         "pl.DataLoader over pl.mix(...) instead (its iterator's set_weights)")
+
     def close(self) -> None:
         """End the worker processes and reader threads; safe to call twice.
 

@@ -52,7 +52,7 @@ AHEAD_BLOCKS = 2  # blocks in flight beyond the one being planned: every worker 
 
 def wanted(source, planner: Planner) -> bool:
     """Whether ``planner`` reads lengths from ``source`` that its workers should compute ahead."""
-    return bool(getattr(source, "tokenizes_ahead", False)) and (planner.packing or planner.overlong == "drop")
+    return source.tokenizes_ahead and (planner.packing or planner.overlong == "drop")
 
 
 class Ahead:

@@ -46,6 +46,7 @@ import sys
 from typing import Optional, Sequence
 
 from portable_loader.dataset.base import Dataset, digest
+from portable_loader.dataset.iter_iterator import DatasetIterator
 from portable_loader.grain import sharding as sharding_mod
 from portable_loader.grain._pipeline import StreamRecords, apply_operation, data_of, operation_identity
 from portable_loader.grain._state import encode, make_state, read_state
@@ -269,6 +270,8 @@ class DataLoaderIterator(Closing):
             >>> iter(DataLoader(data_source=[1], sampler=samplers.IndexSampler(1))).start_prefetch()
         """
         self._it.start_prefetch()
+
+    set_weights = DatasetIterator.set_weights  # refused, saying why: a sampler's order has no online weights
 
     def close(self) -> None:
         """End the worker processes and reader threads; safe to call twice.
