@@ -46,9 +46,8 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from portable_loader.adapters.core import Feed
-from portable_loader.errors import StateError
+from portable_loader.grain.checkpoint import CheckpointHandler
 from portable_loader.loader import DataLoader
-from portable_loader.state import parse_state
 
 __all__ = ["JaxLoader", "LoaderSave", "LoaderRestore", "LoaderCheckpointHandler"]
 
@@ -149,14 +148,7 @@ class JaxLoader(Feed):
         self.set_state(state)
 
 
-def _read_state(path) -> dict:
-    try:
-        return parse_state(path.read_bytes())
-    except StateError as e:
-        raise StateError(e.field, f"{path}: {e.problem}") from None
-
-
-class LoaderCheckpointHandler:
+class LoaderCheckpointHandler(CheckpointHandler):
     """Orbax handler for loader state that restores from any process count: the elastic one.
 
     It writes what Grain's ``grain.checkpoint.CheckpointHandler`` writes (``process_<i>-of-<n>.json``,
@@ -164,7 +156,9 @@ class LoaderCheckpointHandler:
     same index *and count*, so a checkpoint saved by 2 processes cannot be restored by 1. A loader's
     state is global (every process saves the same one), so this handler's restore takes its own
     file when the count matches and otherwise any of them, after checking that they agree. It reads
-    checkpoints written by Grain's handler too. Register it where MaxText registers Grain's:
+    checkpoints written by Grain's handler too. Its save and restore are those of
+    ``portable_loader.grain.checkpoint.CheckpointHandler``; this name carries its own Orbax args
+    (``LoaderSave``/``LoaderRestore``). Register it where MaxText registers Grain's:
 
     Example:
         >>> import os
@@ -190,43 +184,6 @@ class LoaderCheckpointHandler:
         [0.0, 0.0, 0.0, 0.0]
         >>> mngr.close()
     """
-
-    def save(self, directory, item=None, args=None) -> None:
-        item = item if item is not None else args.item
-        state = item.get_state()
-        text = state.decode() if isinstance(state, bytes) else state if isinstance(state, str) else json.dumps(state)
-        (directory / f"process_{jax.process_index()}-of-{jax.process_count()}.json").write_text(text)
-
-    def restore(self, directory, item=None, args=None):
-        item = item if item is not None else args.item
-        mine = directory / f"process_{jax.process_index()}-of-{jax.process_count()}.json"
-        files = [mine] if mine.exists() else sorted(directory.glob("process_*-of-*.json"))
-        if not files:
-            raise ValueError(f"{directory}: no loader state files (process_*-of-*.json)")
-        states = {json.dumps(_read_state(f), sort_keys=True) for f in files}
-        if len(states) != 1:
-            raise ValueError(
-                f"{directory}: the {len(files)} processes saved different iterator states (a per-process "
-                "iterator, not a portable_loader one?); it can only be restored by as many processes"
-            )
-        item.set_state(states.pop())
-        return item
-
-    def metadata(self, directory) -> None:
-        return None
-
-    def structure(self, directory) -> None:
-        return None
-
-    def finalize(self, directory) -> None:
-        pass
-
-    def close(self) -> None:
-        pass
-
-    @classmethod
-    def typestr(cls) -> str:
-        return f"{cls.__module__}.{cls.__qualname__}"
 
 
 try:

@@ -38,6 +38,7 @@ import sys
 from typing import Any
 
 from portable_loader.errors import StateError
+from portable_loader.state import parse_state
 from portable_loader.grain.sharding import process_index_and_count
 
 __all__ = ["CheckpointHandler", "CheckpointRestore", "CheckpointSave"]
@@ -53,11 +54,13 @@ def _state_text(item) -> str:
 
 
 def _read(path) -> tuple[str, Any]:
-    text = path.read_text()
+    """(the file's text, the state in it); ``StateError`` naming the file where it is not a state."""
+    raw = path.read_bytes()
     try:
-        return text, json.loads(text)
-    except ValueError as e:
-        raise StateError(None, f"{path}: is not JSON ({e}): refused") from None
+        state = parse_state(raw)  # checks the bytes are UTF-8 JSON first
+    except StateError as e:
+        raise StateError(e.field, f"{path}: {e.problem}") from None
+    return raw.decode(), state
 
 
 def _hand_over(item, text: str, state):
