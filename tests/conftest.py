@@ -65,6 +65,20 @@ def spans_records(spans):
     return out
 
 
+def canon(x, key_order: bool = False):
+    """An exact, comparable form of an element: arrays by dtype, shape and values, dicts by key
+    (sorted, or in their own order with ``key_order``: where the order is part of what is compared)."""
+    if isinstance(x, (np.ndarray, np.generic)):
+        a = np.asarray(x)
+        return ("array", a.dtype.str, a.shape, a.tolist())
+    if isinstance(x, dict):
+        items = x.items() if key_order else sorted(x.items())
+        return ("dict", tuple((k, canon(v, key_order)) for k, v in items))
+    if isinstance(x, (list, tuple)):
+        return (type(x).__name__, tuple(canon(v, key_order) for v in x))
+    return ("leaf", type(x).__name__, x)
+
+
 def take(it, k: int) -> list:
     """The next ``k`` elements of ``it``, fewer where it ends."""
     return list(itertools.islice(it, k))

@@ -25,7 +25,7 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, assume, given, settings, strategies as st
 
-from conftest import take
+from conftest import canon, take
 from portable_loader import grain as pg
 from portable_loader.errors import StateError
 from portable_loader.grain._unsupported import NotSupportedError
@@ -35,17 +35,6 @@ IDIOMS_SCRIPT = ROOT / "tests" / "grain_idioms.py"
 IDIOM_NAMES = re.findall(r"^@idiom\ndef (\w+)", IDIOMS_SCRIPT.read_text(), re.M)
 
 # --- helpers -------------------------------------------------------------------------------------
-
-
-def canon(x):
-    if isinstance(x, (np.ndarray, np.generic)):
-        a = np.asarray(x)
-        return ("array", a.dtype.str, a.shape, a.tolist())
-    if isinstance(x, dict):
-        return ("dict", tuple((k, canon(v)) for k, v in sorted(x.items())))
-    if isinstance(x, (list, tuple)):
-        return (type(x).__name__, tuple(canon(v) for v in x))
-    return ("leaf", type(x).__name__, x)
 
 
 class Square(pg.transforms.Map):

@@ -24,7 +24,7 @@ import psutil
 import pytest
 from hypothesis import HealthCheck, assume, given, settings, strategies as st
 
-from conftest import take
+from conftest import canon, take
 from portable_loader.dataset import Dataset, source
 from portable_loader.dataset import iter_iterator as iterator_mod
 from portable_loader.dataset import mp_prefetch as mp_mod
@@ -35,18 +35,6 @@ from portable_loader.errors import StateError
 
 
 # --- helpers -------------------------------------------------------------------------------------
-
-
-def canon(x):
-    """A comparable, exact form of an element: arrays by dtype, shape and values; dicts by key."""
-    if isinstance(x, np.ndarray) or isinstance(x, np.generic):
-        a = np.asarray(x)
-        return ("array", a.dtype.str, a.shape, a.tolist())
-    if isinstance(x, dict):
-        return ("dict", tuple((k, canon(v)) for k, v in sorted(x.items())))
-    if isinstance(x, (list, tuple)):
-        return (type(x).__name__, tuple(canon(v) for v in x))
-    return ("leaf", type(x).__name__, x)
 
 
 def canon_all(xs) -> list:
