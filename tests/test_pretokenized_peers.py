@@ -164,15 +164,21 @@ corpus_spec = st.fixed_dictionaries({
 })
 
 
+def write_corpus(mc, folder: str, spec: dict, rng, stem: str) -> list[str]:
+    """One Megatron prefix per entry of ``spec["files"]`` (that many documents), written by megatron-core."""
+    prefixes = [os.path.join(folder, stem.format(i)) for i in range(len(spec["files"]))]
+    for p, n in zip(prefixes, spec["files"]):
+        write_megatron(mc, p, rng, n, spec["dtype"])
+    return prefixes
+
+
 @SETTINGS
 @given(spec=corpus_spec)
 def test_megatron_records_equal_indexed_dataset(spec):
     mc = need_megatron()
     rng = np.random.default_rng(spec["seed"])
     with tempfile.TemporaryDirectory() as d:
-        prefixes = [os.path.join(d, f"part{i}_text_document") for i in range(len(spec["files"]))]
-        for p, n in zip(prefixes, spec["files"]):
-            write_megatron(mc, p, rng, n, spec["dtype"])
+        prefixes = write_corpus(mc, d, spec, rng, "part{}_text_document")
         for paths in ([prefixes[0]], prefixes):
             want = megatron_records(mc, paths)
             for kw in ({}, {"format": "megatron"}):
@@ -196,9 +202,7 @@ def test_concat_epoch_is_the_corpus_windows(spec, L, B, seed):
     mc = need_megatron()
     rng = np.random.default_rng(spec["seed"])
     with tempfile.TemporaryDirectory() as d:
-        prefixes = [os.path.join(d, f"p{i}") for i in range(len(spec["files"]))]
-        for p, n in zip(prefixes, spec["files"]):
-            write_megatron(mc, p, rng, n, spec["dtype"])
+        prefixes = write_corpus(mc, d, spec, rng, "p{}")
         records = megatron_records(mc, prefixes)
         if sum(map(len, records)) < L * B:
             event("fewer tokens than one batch: not checked")
