@@ -147,7 +147,7 @@ class _Bytes:
             mapped = np.memmap(self.path, dtype=dtype, mode="r", offset=offset, shape=shape)
             if scattered and hasattr(mmap, "MADV_RANDOM"):
                 mapped._mmap.madvise(mmap.MADV_RANDOM)
-            return mapped.view(np.ndarray)
+            return mapped.view(np.ndarray)  # a plain ndarray: numpy's memmap subclass costs microseconds a slice
         return _Ranged(self, np.dtype(dtype), offset, count)
 
     def digest(self, size: int) -> str:
@@ -181,9 +181,6 @@ class _Ranged:
         item = self.dtype.itemsize
         return np.frombuffer(self.where.read(self.offset + lo * item, self.offset + hi * item), dtype=self.dtype)
 
-    def view(self, _):
-        return self
-
 
 class _TokenFile:
     """One mapped token file: ``tokens`` (mapped on first use, never pickled) and its documents."""
@@ -191,6 +188,7 @@ class _TokenFile:
     path: str
     dtype: np.dtype
     num_tokens: int
+    eos: int | None = None  # the token that ends a document (raw files); an index says where instead
     _mapped: np.ndarray | None = None
 
     def __getstate__(self):  # a worker maps the file itself: a pickled memmap would carry every token
@@ -199,8 +197,7 @@ class _TokenFile:
     @property
     def tokens(self) -> np.ndarray:
         if self._mapped is None:
-            # A plain ndarray over the map: numpy's memmap subclass costs microseconds a slice.
-            self._mapped = self._map().view(np.ndarray)
+            self._mapped = self._map()
         return self._mapped
 
     def starts_between(self, lo: int, hi: int, tokens: np.ndarray, scan: bool = True) -> np.ndarray:
@@ -208,13 +205,14 @@ class _TokenFile:
 
         ``scan=False``: leave out the starts after EOS tokens (the caller finds them for a whole batch).
         """
-        eos = getattr(self, "eos", None)
-        if not scan or eos is None or tokens.size < 2:
+        if not scan or self.eos is None or tokens.size < 2:
             return _NONE
-        return np.flatnonzero(tokens[:-1] == eos) + 1
+        return np.flatnonzero(tokens[:-1] == self.eos) + 1
 
     def starts_many(self, los: np.ndarray, length: int, scan: bool) -> list[np.ndarray]:
         """``starts_between`` of the windows ``[lo, lo + length)`` for each ``lo`` in ``los``."""
+        if not scan or self.eos is None:  # nothing to look for in the tokens
+            return [_NONE] * los.size
         t = self.tokens
         return [self.starts_between(lo, lo + length, t[lo : lo + length], scan) for lo in los.tolist()]
 
@@ -420,21 +418,21 @@ class TokenStream:
         for f in self.files:
             self.bounds.append(self.bounds[-1] + f.num_tokens)
         self.num_tokens = self.bounds[-1]
-        eos = {getattr(f, "eos", None) for f in self.files}
+        eos = {f.eos for f in self.files}
         #: The EOS that ends documents in every file (None where an index or nothing does): a reader
         #: of many windows then finds those starts for all of them at once (``read(..., scan=False)``).
         self.eos = eos.pop() if len(eos) == 1 else None
 
-    def windows(self, los: Sequence[int], length: int, scan: bool = True) -> tuple[list, list]:
-        """``read`` of the windows ``[lo, lo + length)``: (their tokens, their document starts), each
-        file's windows searched together.
+    def windows(self, los: Sequence[int], length: int, scan: bool = True) -> tuple[list, list, list]:
+        """``read`` of the windows ``[lo, lo + length)``: (their tokens, their loss masks: None, their
+        document starts), each file's windows searched together.
 
         Example:
             >>> import numpy as np, portable_loader as pl
             >>> np.array([5, 6, 0, 7, 0, 8, 9], np.uint16).tofile("w.bin")
-            >>> tokens, starts = pl.pretokenized("w.bin", eos_token_id=0).stream().windows([0, 3], 3)
-            >>> [t.tolist() for t in tokens], [s.tolist() for s in starts]
-            ([[5, 6, 0], [7, 0, 8]], [[], [2]])
+            >>> tokens, masks, starts = pl.pretokenized("w.bin", eos_token_id=0).stream().windows([0, 3], 3)
+            >>> [t.tolist() for t in tokens], masks, [s.tolist() for s in starts]
+            ([[5, 6, 0], [7, 0, 8]], [None, None], [[], [2]])
         """
         tokens, starts = [None] * len(los), [None] * len(los)
         inside: dict[int, list[int]] = {}
@@ -450,7 +448,7 @@ class TokenStream:
             t = f.tokens
             for j, lo, got in zip(rows, local.tolist(), f.starts_many(local, length, scan)):
                 tokens[j], starts[j] = t[lo : lo + length], got
-        return tokens, starts
+        return tokens, [None] * len(los), starts
 
     def read(self, lo: int, hi: int, scan: bool = True) -> tuple[np.ndarray, None, np.ndarray]:
         if not 0 <= lo <= hi <= self.num_tokens:

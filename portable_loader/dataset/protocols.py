@@ -102,7 +102,9 @@ class Capabilities:
       (caches, mixtures of caches). ``read_ahead(now, ahead)``: of the records ``ahead``, those worth
       reading together with ``now`` (a remote cache keeps within its ``cache_limit``).
     * ``collate_rows(rows, seq_len, pad_id, fields)``: the dataset builds the batch of a row plan
-      itself (windows of a token stream, ``packing="concat"``).
+      itself (windows of a token stream, ``packing="concat"``). ``stream()``: the documents' tokens
+      back to back, read straight from token files (``pl.pretokenized``); without it,
+      ``packing="concat"`` finds them through the records.
     * ``tokenizes_ahead``: reading a record tokenizes it, so the loader's workers compute packing
       windows' lengths ahead of the planner (``pl.tokenized``).
     * ``source_groups()``, ``locate(indices)``, ``schedule_digests(position)``,
@@ -124,6 +126,7 @@ class Capabilities:
     spans = None
     read_ahead = None
     collate_rows = None
+    stream = None
     tokenizes_ahead = False
     source_groups = None
     locate = None

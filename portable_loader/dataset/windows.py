@@ -81,6 +81,14 @@ class RecordStream:
         self.offsets = np.cumsum(lengths)
         self.num_tokens = int(self.offsets[-1])
 
+    eos = None  # documents end where the records do
+
+    def windows(self, los, length: int, scan: bool = True) -> tuple[list, list, list]:
+        """``read`` of each window ``[lo, lo + length)``: (tokens, loss masks, document starts), as a
+        token stream's ``windows`` gives them."""
+        got = [self.read(lo, lo + length, scan) for lo in los]
+        return [g[0] for g in got], [g[1] for g in got], [g[2] for g in got]
+
     def read(self, lo: int, hi: int, scan: bool = True) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         a = int(np.searchsorted(self.offsets, lo, side="right")) - 1
         b = int(np.searchsorted(self.offsets, hi, side="left"))
@@ -119,8 +127,7 @@ class ConcatWindows(Dataset):
         if isinstance(seq_len, bool) or not isinstance(seq_len, (int, np.integer)) or seq_len < 1:
             raise ValueError(f"seq_len must be an integer >= 1, got {seq_len!r}")
         self.parent, self.seq_len = parent, int(seq_len)
-        stream = getattr(parent, "stream", None)
-        self.stream = stream() if stream is not None else RecordStream(parent)
+        self.stream = parent.stream() if parent.stream is not None else RecordStream(parent)
         self._n = self.stream.num_tokens // self.seq_len
         if self._n < 1:
             raise ValueError(f"packing='concat': seq_len {self.seq_len} is larger than the whole corpus "
@@ -181,20 +188,9 @@ class ConcatWindows(Dataset):
             out[name] = np.zeros((n, L), dtype=np.int32 if name in ("segment_ids", "positions") else np.uint8)
         lm, att = out.get("loss_mask"), out.get("attention_mask")
         cut = "segment_ids" in out or "positions" in out
-        eos = getattr(self.stream, "eos", None) if cut else None
+        eos = self.stream.eos if cut else None
         full = [r for r, row in enumerate(rows) if row]
-        los = [rows[r][0][0] * L for r in full]
-        many = getattr(self.stream, "windows", None)
-        if many is not None:  # a token stream: tokens and document starts of all windows at once
-            got, found = many(los, L, eos is None)
-            masks = [None] * len(full)
-        else:
-            got, masks, found = [], [], []
-            for lo in los:
-                t, m, at = self.stream.read(lo, lo + L, eos is None)
-                got.append(t)
-                masks.append(m)
-                found.append(at)
+        got, masks, found = self.stream.windows([rows[r][0][0] * L for r in full], L, eos is None)
         starts: list = [None] * n
         masked = False
         for r, tokens, mask, at in zip(full, got, masks, found):
