@@ -33,13 +33,15 @@ from portable_loader.batch_size import BatchSchedule, as_schedule
 from portable_loader.collate import FIELDS, OVERLONG, PADDED_FIELDS, check_fields
 from portable_loader.dataset import source as as_dataset
 from portable_loader.digests import json_sha256
-from portable_loader.engine import InlineEngine, build_batch, start
+from portable_loader.batch_spec import BatchSpec
+from portable_loader.engine import start
 from portable_loader.lifecycle import Closing, close_at_exit
 from portable_loader.plan import Cursor, Planner
+from portable_loader.step_plans import StepPlans
 from portable_loader.dataset.order import MixOrder
 from portable_loader.state import STATE_VERSION, LoaderState, check_state, make_state, online_stages, parse_state
 
-__all__ = ["Closing", "DataLoader", "LoaderIterator", "LoaderOptions", "InlineEngine", "STATE_VERSION", "build_batch"]
+__all__ = ["BatchSpec", "Closing", "DataLoader", "LoaderIterator", "LoaderOptions", "STATE_VERSION"]
 
 _MARK_EVERY = 256  # describe() keeps the cursor of every 256th packed step
 
@@ -55,10 +57,6 @@ def _mixture(source):
 
 def _source_identity(source) -> str:
     return source.fingerprint()
-
-
-def _lengths(source, indices: np.ndarray) -> np.ndarray:
-    return np.asarray(source.lengths(indices), dtype=np.int64)
 
 
 def _overlong_policy(overlong: str, source, packing: bool) -> str:
@@ -258,7 +256,16 @@ class DataLoader:
         self.overlong = _overlong_policy(overlong, source, self.packing)
         # Not part of the config: the fields a batch carries never change the stream or the state.
         self.fields = check_fields(fields) if fields is not None else FIELDS if self.packing or self.concat else PADDED_FIELDS
-        self.sampler = self._order(num_epochs)
+        # What a batch is, for the planner and the engines (and all a worker process receives).
+        self.spec = BatchSpec(
+            sizes, self.seq_len, packing=self.packing, packing_window=self.packing_window, overlong=self.overlong,
+            pad_id=self.pad_id, fields=tuple(self.fields), seed=self.seed, shuffle=self.shuffle,
+            shuffle_shards=self.shuffle_shards, num_epochs=num_epochs,
+            skips=tuple((sizes.samples_at(a), sizes.samples_at(b)) for a, b in skips),
+            shard_index=self.shard_index, shard_count=self.shard_count, num_workers=self.num_workers,
+            prefetch=self.prefetch,
+        )
+        self.sampler = self.spec.order(source)
         self.config = {
             "source": _source_identity(source),
             "global_batch_size": sizes.config(),
@@ -280,7 +287,6 @@ class DataLoader:
             self._check_skippable(sizes)
         groups = source.source_groups  # a mixture (or a transform over one)
         self._groups = groups() if groups is not None else ((None,), np.array([0, len(source)], dtype=np.int64))
-        self._skip_spans = tuple((sizes.samples_at(a), sizes.samples_at(b)) for a, b in skips)
         # Without the batch size: a state is a position in a stream that the size only cuts into steps.
         self.fingerprint = json_sha256({k: v for k, v in self.config.items() if k != "global_batch_size"},
                                        compact=False)[:32]
@@ -304,14 +310,6 @@ class DataLoader:
         if not self.packing and self.source.filters:
             raise ValueError("skipping batches of a padded loader over a filtered source is not supported: where "
                              "a step starts depends on every record the filter rejected before it")
-
-    def _order(self, num_epochs: int | None):
-        """Stream position -> record: the LCG sampler, a mixture's own order, or the shard-group order."""
-        if self.shuffle == "shards":
-            from portable_loader.dataset.shard_order import ShardShuffle
-
-            return ShardShuffle(self.source.shard_rows, self.shuffle_shards, self.seed, num_epochs=num_epochs)
-        return self.source.stream_order(self.seed, shuffle=self.shuffle, num_epochs=num_epochs)
 
     def with_shard(self, shard_index: int, shard_count: int) -> "DataLoader":
         """The same loader for host ``shard_index`` of ``shard_count`` (same stream, other rows).
@@ -347,15 +345,7 @@ class DataLoader:
 
     def planner(self, sampler=None) -> Planner:
         """A fresh planner of this loader's stream (or of ``sampler``'s, another number of epochs)."""
-        filters = self.source.filters
-        return Planner(
-            self.sampler if sampler is None else sampler, len(self.source), global_batch_size=self.global_batch_size,
-            seq_len=self.seq_len, packing=self.packing, window=self.packing_window,
-            lengths=lambda idx: _lengths(self.source, idx), overlong=self.overlong,
-            cheap_lengths=self.source.cheap_lengths, accept=self.source.accepts if filters else None, filters=filters,
-            skips=self._skip_spans, groups=self._groups[1],
-            count_lengths=self.shard_count > 1,  # per-source token counts cover every host's rows
-        )
+        return self.spec.planner(self.source, self.sampler if sampler is None else sampler)
 
     def num_steps(self, num_epochs: int | None = None, *, estimate: bool = False) -> int:
         """Global steps that ``num_epochs`` epochs make (default: the loader's ``num_epochs``).
@@ -374,7 +364,7 @@ class DataLoader:
         epochs = self.num_epochs if num_epochs is None else num_epochs
         if epochs is None:
             raise ValueError("num_steps needs num_epochs: this loader's stream is endless")
-        planner = self.planner(self._order(epochs))
+        planner = self.planner(self.spec.order(self.source, epochs))
         planner.cheap_lengths = False  # counting steps needs no over-long counts
         steps = planner.num_steps(estimate=estimate)
         return steps - sum(min(b, steps) - min(a, steps) for a, b in self.skip_batches)
@@ -471,7 +461,7 @@ class DataLoader:
         rows = planned[0]
         if not self.packing and planner.filters:  # the rows' records are not consecutive positions
             recs = np.array([row[0][0] if row else 0 for row in rows], dtype=np.int64)  # 0: dropped, padding
-            lengths = _lengths(self.source, recs).tolist()
+            lengths = np.asarray(self.source.lengths(recs), dtype=np.int64).tolist()
             rows = [[(i, s, min(e, n)) for i, s, e in row] for row, n in zip(rows, lengths)]
         elif not self.packing:  # a padded row holds a record's first seq_len tokens
             lo = planner.resolve(cur).samples
@@ -484,11 +474,6 @@ class DataLoader:
         locate = self.source.locate
         names = iter(locate(flat) if locate else [(None, i) for i in flat])
         return [[(*next(names), s, e) for _, s, e in row] for row in rows]
-
-    def local_rows(self, rows: Sequence) -> Sequence:
-        """This host's rows of a global step's ``rows`` (their number is that step's batch size)."""
-        b = len(rows) // self.shard_count
-        return rows[self.shard_index * b : (self.shard_index + 1) * b]
 
     def __iter__(self) -> "LoaderIterator":
         return LoaderIterator(self)
@@ -560,7 +545,8 @@ class LoaderIterator(Closing, Iterator[dict]):
     # --- iteration ----------------------------------------------------------------------------
 
     def _start(self):
-        return start(self.loader, self._planner, self._cursor, thread=self._thread)
+        spec = self.loader.spec
+        return start(spec, self.loader.source, StepPlans(spec, self._planner, self._cursor), thread=self._thread)
 
     def __next__(self) -> dict[str, np.ndarray]:
         if self._engine is None:

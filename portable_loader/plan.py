@@ -174,16 +174,6 @@ class Planner:
             lo = end
         return parts[0] if len(parts) == 1 else np.concatenate(parts)
 
-    def use_lengths(self, lengths: Callable[[np.ndarray], np.ndarray]) -> Callable[[np.ndarray], np.ndarray]:
-        """Answer record lengths through ``lengths`` from now on; returns the function it replaces.
-
-        The worker engine lends the planner lengths its workers compute ahead, and gives the old
-        function back when it closes.
-        """
-        previous, self._lengths = self._lengths, lengths
-        self._span_lengths = None  # answered by the old function
-        return previous
-
     def lengths_at(self, lo: int, hi: int, recs: np.ndarray) -> np.ndarray:
         """Lengths of ``recs``, the records at positions ``[lo, hi)`` (from :meth:`records`).
 
@@ -388,6 +378,12 @@ class Planner:
             left -= n - r
             w, r = w + 1, 0
         return Cursor(cur.step, w, r, target)
+
+    def rows_in_window(self, w: int) -> int:
+        """How many rows packing window ``w`` makes (0 past the end); the window stays packed for
+        the step that serves it."""
+        planned = self._planned(w)
+        return 0 if planned is None else len(planned[0])
 
     def _row_count(self, w: int) -> int:
         planned = self._windows.get(w)

@@ -231,6 +231,9 @@ class ArrowCacheSource(_CacheSource):
         # What spans() hands out: byte views of the memory-mapped columns.
         self._ids_bytes = [memoryview(a.view(np.uint8)) for a in self._ids]
         self._mask_bytes = [memoryview(a) for a in self._mask]
+        # (records, their Spans) of the last many-record lengths() call: a loader sizes a packing
+        # window (or a chunk) and reads the same records next, which then are located once.
+        self._sized: tuple[np.ndarray, Spans] | None = None
 
     def _locate(self, indices) -> tuple[list[int], list[int]]:
         """(shard batch, row within it) of each index, as Python lists."""
@@ -306,6 +309,10 @@ class ArrowCacheSource(_CacheSource):
             >>> src.spans([0, 5]).length
             [23, 34]
         """
+        sized = self._sized
+        if sized is not None and type(indices) is np.ndarray and indices.shape == sized[0].shape \
+                and np.array_equal(indices, sized[0]):
+            return sized[1]
         idx = self._indices(indices)
         if idx.size <= _FEW:
             segs, local = self._locate(idx)
@@ -333,7 +340,25 @@ class ArrowCacheSource(_CacheSource):
         return Spans(self._ids_bytes, self._mask_bytes, segs, [4 * a for a in starts], starts, length)
 
     def lengths(self, indices: Sequence[int] | np.ndarray) -> np.ndarray:
-        """Token counts of records, vectorized (what a packer needs before it reads anything)."""
+        """Token counts of records, vectorized (what a packer needs before it reads anything).
+
+        Many records at once (a loader's packing window or chunk) are answered from their spans,
+        kept for a ``spans`` call with the same records: the loader reads them next.
+
+        Example:
+            >>> import portable_loader as pl
+            >>> from portable_loader.precache import sample_args
+            >>> src = pl.open_cache(pl.precache(**sample_args(), out="cache"))
+            >>> window = np.arange(100, 1124)
+            >>> int(src.lengths(window).sum()) == sum(src.spans(window).length)
+            True
+            >>> src.spans(window) is src.spans(window.copy())   # located once
+            True
+        """
+        if type(indices) is np.ndarray and indices.size > _FEW:
+            spans = self.spans(indices)
+            self._sized = (indices.copy(), spans)
+            return np.array(spans.length, dtype=np.int64)
         if isinstance(indices, (list, tuple, np.ndarray)) and len(indices) <= _FEW:  # a padded step's few
             # records: a loop beats np.unique's setup
             offsets = self._offsets_mv

@@ -40,7 +40,7 @@ import threading
 import numpy as np
 
 from portable_loader.lifecycle import in_finalizer
-from portable_loader.plan import Cursor
+from portable_loader.step_plans import Cursor, StepPlans
 
 __all__ = ["FetchAhead", "remotes_of"]
 
@@ -86,6 +86,7 @@ class FetchAhead:
         >>> import portable_loader as pl
         >>> from portable_loader.engine import InlineEngine
         >>> from portable_loader.precache import sample_args
+        >>> from portable_loader.step_plans import StepPlans
         >>> path = pl.precache(**sample_args(), out="cache")
         >>> url = "memory://fetch-ahead/" + path.rsplit("/", 1)[-1]   # an in-memory bucket stands in for s3://
         >>> fsspec.filesystem("memory").put(path, url, recursive=True)
@@ -93,7 +94,8 @@ class FetchAhead:
         >>> (lo, hi, remote), = remotes_of(loader.source)
         >>> lo, hi, remote is loader.source.cache
         (0, 2000, True)
-        >>> engine = FetchAhead(InlineEngine(loader, loader.planner(), Cursor(0, 0, 0)), loader,
+        >>> plans = StepPlans(loader.spec, loader.planner(), Cursor(0, 0, 0))
+        >>> engine = FetchAhead(InlineEngine(loader.spec, loader.source, plans), loader.spec, plans,
         ...                     remote, Cursor(0, 0, 0), part=(lo, hi))
         >>> batch, cursor = engine.next(); engine.close()
         >>> cursor.step, engine.error, remote.remote["fetches"]
@@ -101,11 +103,14 @@ class FetchAhead:
         >>> remote.close(); fsspec.filesystem("memory").rm("memory://fetch-ahead", recursive=True)
     """
 
-    def __init__(self, engine, loader, remote, cursor: Cursor, max_records: int = 1 << 13, part: tuple | None = None):
-        self.engine, self.loader, self.remote, self.max_records = engine, loader, remote, max_records
+    def __init__(self, engine, spec, plans: StepPlans, remote, cursor: Cursor, max_records: int = 1 << 13,
+                 part: tuple | None = None):
+        self.engine, self.spec, self.remote, self.max_records = engine, spec, remote, max_records
         self.part = part
-        self._planner = loader.planner()  # its own order and planner: the engine's are not thread-safe
-        self.window = loader.packing_window if loader.packing else 1
+        # The plans' order (the mixture's online stages included) and length; never their planner,
+        # which belongs to the engine's thread.
+        self._order, self._total = plans.order, plans.total
+        self.window = spec.packing_window if spec.packing else 1
         limit = remote.store.limit
         largest = max((s["bytes"] for s in remote.manifest["shards"]), default=0)
         self.budget = None if limit is None else max(largest, limit - largest)
@@ -119,9 +124,9 @@ class FetchAhead:
 
     def _position(self, cursor: Cursor) -> int:
         """The first stream position the consumer may still read at ``cursor``."""
-        if self.loader.packing:
+        if self.spec.packing:
             return cursor.window * self.window  # a window's records are read until its last row is served
-        return self._planner.resolve(cursor).samples
+        return self.spec.resolve(cursor).samples
 
     def next(self):
         batch, cursor = self.engine.next()
@@ -142,16 +147,17 @@ class FetchAhead:
     def _mine(self, lo: int, hi: int) -> np.ndarray:
         """The positions in ``[lo, hi)`` whose records this host reads."""
         pos = np.arange(lo, hi, dtype=np.int64)
-        loader = self.loader
-        if loader.packing or loader.shard_count == 1 or not loader.batch_schedule.fixed:
+        spec = self.spec
+        if spec.packing or spec.shard_count == 1 or not spec.schedule.fixed:
             return pos
-        b = loader.global_batch_size // loader.shard_count
-        row = (pos - self._start) % loader.global_batch_size  # steps of B from where this run started
-        return pos[(row >= loader.shard_index * b) & (row < (loader.shard_index + 1) * b)]
+        size = spec.schedule.stages[0][1]
+        b = size // spec.shard_count
+        row = (pos - self._start) % size  # steps of B from where this run started
+        return pos[(row >= spec.shard_index * b) & (row < (spec.shard_index + 1) * b)]
 
     def _run(self) -> None:
         held: dict[int, list] = {}  # shard -> [token, last position reading it]
-        total = self._planner.total if self._planner.total is not None else sys.maxsize
+        total = self._total if self._total is not None else sys.maxsize
         shards_bytes = [s["bytes"] for s in self.remote.manifest["shards"]]
         # When every shard fits, nothing is ever evicted: once each one is local, the work is done.
         fits_all = self.remote.store.limit is None or self.remote.store.limit >= sum(shards_bytes)
@@ -163,7 +169,7 @@ class FetchAhead:
                 if not self._wait(held, lambda: hi - self._consumed <= self.max_records, lambda: hi - self.max_records // 2):
                     return
                 pos = self._mine(lo, hi)
-                idx = self._planner.sampler.stream_indices(pos) if pos.size else pos
+                idx = self._order.stream_indices(pos) if pos.size else pos
                 if self.part is not None and pos.size:  # a mixture: only this cache's records
                     inside = (idx >= self.part[0]) & (idx < self.part[1])
                     pos, idx = pos[inside], idx[inside] - self.part[0]

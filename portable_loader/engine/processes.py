@@ -1,10 +1,10 @@
 """Worker processes that fetch and collate planned rows.
 
-The caller's thread plans every step; workers receive row plans that are
-already fixed, so they cannot change the order. Step ``s`` goes to worker ``s % W`` and comes back on
+The caller's thread takes every step's finished plan (``StepPlans``); workers receive row plans
+that are already fixed, so they cannot change the order. Step ``s`` goes to worker ``s % W`` and comes back on
 that worker's own queue, so results are consumed in step order. Over a source whose lengths cost a
-tokenization the workers also compute the planner's lengths ahead (``engine/ahead.py``); their
-answers share the queues, and a reply that comes before the one awaited is kept until asked for.
+tokenization the workers also tokenize ahead the records the planner will size (``engine/ahead.py``);
+their answers share the queues, and a reply that comes before the one awaited is kept until asked for.
 A worker's exception reaches the caller with the worker's traceback; a worker that dies is reported
 instead of waited for; ``close()`` ends every thread and process (SIGKILL if need be), and a worker
 whose parent died without closing it ends by itself (see ``_worker_main``).
@@ -39,7 +39,7 @@ from portable_loader.engine.inline import build_batch
 from portable_loader.engine.threads import WorkerError
 from portable_loader.errors import CacheError
 from portable_loader.lifecycle import hook_last, pid_alive
-from portable_loader.plan import Cursor, Planner
+from portable_loader.step_plans import StepPlans
 
 __all__ = ["ProcessEngine"]
 
@@ -96,18 +96,18 @@ def worker_tasks(inbox, parent: int):
         yield task
 
 
-def _worker_main(index: int, loader, inbox, outbox, parent: int, forked_from_main: bool) -> None:
+def _worker_main(index: int, spec, source, inbox, outbox, parent: int, forked_from_main: bool) -> None:
     worker_setup(forked_from_main)
     try:
         if os.getppid() != parent:  # it died before we got here
             return
-        source = loader.source.reopen()  # file handles and reader threads do not survive fork: open our own
+        source = source.reopen()  # file handles and reader threads do not survive fork: open our own
         for key, payload in worker_tasks(inbox, parent):
             try:
                 if isinstance(key, tuple):  # ("ahead", block, part): tokenize records, answer their lengths
                     value = source.tokenize_ahead(*payload)
                 else:
-                    value = build_batch(source, payload, loader.seq_len, loader.pad_id, loader.fields)
+                    value = build_batch(source, payload, spec.seq_len, spec.pad_id, spec.fields)
                 outbox.put((key, "ok", value))
             except BaseException as e:  # noqa: BLE001
                 text = "".join(traceback.format_exception(e))
@@ -153,35 +153,35 @@ def _end_processes(procs) -> None:
 
 
 class ProcessEngine:
-    """``num_workers`` processes fetch and collate; the caller's thread plans and reads in order."""
+    """``spec.num_workers`` processes fetch and collate; the caller's thread takes the plans and
+    reads the batches in order. Each worker receives the spec and the dataset, nothing else."""
 
-    def __init__(self, loader, planner: Planner, cursor: Cursor):
+    def __init__(self, spec, source, plans: StepPlans):
         ctx = mp.get_context("fork" if "fork" in mp.get_all_start_methods() else "spawn")
-        hazard = loader.source.fork_hazard
+        hazard = source.fork_hazard
         if hazard and ctx.get_start_method() == "fork":
             raise CacheError(hazard)
-        self._loader, self._planner = loader, planner
-        self._plan_cursor = cursor  # where the next step to hand out starts
+        self._plans = plans
         self._sent: list = []  # cursor after each step handed out and not yet consumed
         self._early: dict = {}  # (worker, key) -> (kind, value): replies that came before the one awaited
         self._ahead = None
         self._ended = False
-        n = loader.num_workers
+        n = spec.num_workers
         hook_last()
         from_main = threading.current_thread() is threading.main_thread()
         self._inboxes = [ctx.Queue() for _ in range(n)]
         self._outboxes = [ctx.Queue() for _ in range(n)]
         self._procs = [
             ctx.Process(target=_worker_main,
-                        args=(i, loader, self._inboxes[i], self._outboxes[i], os.getpid(), from_main),
+                        args=(i, spec, source, self._inboxes[i], self._outboxes[i], os.getpid(), from_main),
                         name=f"portable_loader-worker-{i}", daemon=True)
             for i in range(n)
         ]
         for p in self._procs:
             p.start()
-        self._depth = n * max(1, loader.prefetch)
-        if wanted(loader.source, planner):
-            self._ahead = Ahead(planner, loader.source, workers=n, send=lambda j, task: self._inboxes[j].put(task),
+        self._depth = n * max(1, spec.prefetch)
+        if wanted(source, spec):
+            self._ahead = Ahead(plans, source, workers=n, send=lambda j, task: self._inboxes[j].put(task),
                                 receive=self._receive)
         try:
             self._fill()
@@ -190,20 +190,20 @@ class ProcessEngine:
             raise
 
     def _fill(self) -> None:
-        ahead = self._ahead
+        ahead, plans = self._ahead, self._plans
         while not self._ended and len(self._sent) < self._depth:
-            if ahead is not None:  # what this step plans from first, then the next blocks
-                ahead.dispatch(ahead.block_of(self._plan_cursor))
-            planned = self._planner.step(self._plan_cursor)
+            if ahead is not None:  # the lengths this step plans from, computed by the workers
+                ahead.ready()
+            planned = plans.next()
             if planned is None:
                 self._ended = True
                 return
-            rows, self._plan_cursor = planned
-            step = self._plan_cursor.step - 1
-            self._inboxes[step % len(self._procs)].put((step, self._loader.local_rows(rows)))
-            self._sent.append(self._plan_cursor)
+            rows, cursor = planned
+            step = cursor.step - 1
+            self._inboxes[step % len(self._procs)].put((step, rows))
+            self._sent.append(cursor)
             if ahead is not None:  # queued after the step, so that the step's batch is not held up
-                ahead.dispatch(ahead.block_of(self._plan_cursor) + AHEAD_BLOCKS)
+                ahead.dispatch(ahead.block_of(cursor) + AHEAD_BLOCKS)
 
     def _receive(self, worker: int, key):
         """Worker ``worker``'s reply ``(kind, value)`` for ``key``; replies it sent before are kept."""

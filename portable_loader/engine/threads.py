@@ -16,7 +16,7 @@ from portable_loader.engine.inline import InlineEngine
 # Raised here, and imported from here by engine/__init__.py and the process engines.
 from portable_loader.errors import WorkerError
 from portable_loader.lifecycle import hook_last, in_finalizer
-from portable_loader.plan import Cursor, Planner
+from portable_loader.step_plans import StepPlans
 
 __all__ = ["Producer", "WorkerError", "thread_engine"]
 
@@ -139,6 +139,6 @@ class Producer:
         self._ready.clear()
 
 
-def thread_engine(loader, planner: Planner, cursor: Cursor) -> Producer:
-    """One background thread runs the inline engine up to ``prefetch`` steps ahead."""
-    return Producer(InlineEngine(loader, planner, cursor).next, loader.prefetch, "portable_loader-prefetch")
+def thread_engine(spec, source, plans: StepPlans) -> Producer:
+    """One background thread runs the inline engine up to ``spec.prefetch`` steps ahead."""
+    return Producer(InlineEngine(spec, source, plans).next, spec.prefetch, "portable_loader-prefetch")
