@@ -25,6 +25,7 @@ from __future__ import annotations
 import bisect
 import dataclasses
 import functools
+import operator
 from typing import Any, Callable, Iterator, Sequence
 
 import numpy as np
@@ -573,11 +574,9 @@ class LoaderIterator(Closing, Iterator[dict]):
                 if tokens is None:  # padding over lengths that cost a read, one host: the rows' tokens, from the batch
                     for i, t in zip(rows, real[: len(rows)].sum(axis=1, dtype=np.int64).tolist()):
                         have_t[i] += t
-                else:
-                    for i, t in enumerate(tokens):
-                        have_t[i] += t
-                for i, r in enumerate(records):
-                    have_r[i] += r
+                else:  # (sums in C: a loop over 60 sources cost 4 µs a batch)
+                    have_t[:] = map(operator.add, have_t, tokens)
+                have_r[:] = map(operator.add, have_r, records)
         self._filtered += counts.pop("filtered", 0)
         for policy, count in counts.items():
             if self._overlong[policy] is not None:

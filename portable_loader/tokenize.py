@@ -46,7 +46,9 @@ __all__ = [
     "split_transcript",
     "transcript_markers",
     "load_tokenizer",
+    "load_tokenizer_cached",
     "tokenizer_identity",
+    "BackendTokenizer",
 ]
 
 FORMATS = ("text", "alpaca", "chat")
@@ -174,6 +176,120 @@ def load_tokenizer(path: str, chat_template: str | None = None, eos_token: str |
             tok.eos_token = special[0]
     if chat_template is not None:
         tok.chat_template = read_template(chat_template)
+    return tok
+
+
+_BACKEND_CACHE_VERSION = 1  # of the entries below: a change of their layout or meaning makes new keys
+
+
+class BackendTokenizer:
+    """A loaded tokenizer as the ``text`` and ``alpaca`` formats use it, with no ``transformers``
+    behind it: the ``tokenizers`` backend that :func:`load_tokenizer` built, its EOS token, its
+    special tokens; made by :func:`load_tokenizer_cached`. It has no chat template (the ``chat``
+    format renders through ``transformers``).
+
+    Example:
+        >>> from tokenizers import Tokenizer, models
+        >>> tok = BackendTokenizer(Tokenizer(models.WordLevel({"hi": 0, "<eos>": 1}, unk_token="hi")), "<eos>", 1, [(1, "<eos>")], "toy")
+        >>> tok.eos_token_id, tok.decode([0, 1]), [t.content for t in tok.added_tokens_decoder.values()]
+        (1, 'hi <eos>', ['<eos>'])
+    """
+
+    chat_template = None
+
+    def __init__(self, backend, eos_token: str | None, eos_token_id: int | None, special, name_or_path: str):
+        self._tokenizer, self.eos_token, self.eos_token_id = backend, eos_token, eos_token_id
+        self.special, self.name_or_path = [(int(i), str(c)) for i, c in special], name_or_path
+
+    @property
+    def added_tokens_decoder(self) -> dict:
+        from tokenizers import AddedToken
+
+        return {i: AddedToken(c, special=True) for i, c in self.special}
+
+    def decode(self, ids) -> str:
+        return self._tokenizer.decode([int(i) for i in ids], skip_special_tokens=False)
+
+
+def _tokenizer_cache_dir() -> str | None:
+    folder = os.environ.get("PORTABLE_LOADER_TOKENIZER_CACHE")
+    if folder is not None:
+        return None if folder.lower() in ("", "0", "off", "false", "no") else folder
+    return os.path.join(os.path.expanduser("~"), ".cache", "portable_loader", "tokenizers")
+
+
+def _backend_key(path: str, eos_token: str | None) -> str | None:
+    """What decides the backend ``load_tokenizer`` builds: the tokenizer's files, the EOS asked for,
+    and the versions of the code that builds it (transformers rebuilds some backends, e.g.
+    Llama's, instead of reading tokenizer.json as it is); None where a version is unknown."""
+    import hashlib
+    import json
+    from importlib import metadata
+
+    from portable_loader.io import file_digest
+
+    try:
+        versions = [metadata.version("transformers"), metadata.version("tokenizers")]
+    except metadata.PackageNotFoundError:
+        return None
+    files = {"<file>": file_digest(path)} if os.path.isfile(path) else tokenizer_identity(path)
+    text = json.dumps([_BACKEND_CACHE_VERSION, versions, files, eos_token], sort_keys=True)
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def load_tokenizer_cached(path: str, eos_token: str | None = None):
+    """:func:`load_tokenizer` for the ``text`` and ``alpaca`` formats, without importing
+    ``transformers`` once it has loaded this tokenizer once.
+
+    Loading through ``transformers`` costs ~0.6 s of its import, and it does not read every
+    tokenizer.json as it is (it rebuilds Llama-style backends: phi-3-mini's raw tokenizer.json gives
+    other ids for a quarter of real rows), so that load is the reference. Its backend, serialized
+    by ``tokenizers`` itself, is kept in ``$PORTABLE_LOADER_TOKENIZER_CACHE`` (default
+    ``~/.cache/portable_loader/tokenizers``; ``off`` keeps nothing), under a key of the tokenizer's
+    files, ``eos_token`` and the versions of ``transformers`` and ``tokenizers``; a later call with
+    the same key reads it back (~0.1 s) as a :class:`BackendTokenizer`. A miss, an unreadable
+    entry or a folder that cannot be written falls back to :func:`load_tokenizer`.
+
+    Example:
+        >>> from portable_loader.precache import sample_args
+        >>> path = sample_args()["tokenizer"]
+        >>> first = load_tokenizer_cached(path)    # the first time through transformers, kept
+        >>> again = load_tokenizer_cached(path)    # then from the kept backend
+        >>> type(again).__name__, again.eos_token, again._tokenizer.encode("hi there").ids == first._tokenizer.encode("hi there").ids
+        ('BackendTokenizer', '<|endoftext|>', True)
+    """
+    import json
+
+    folder = _tokenizer_cache_dir()
+    key = _backend_key(path, eos_token) if folder is not None else None
+    if key is None:
+        return load_tokenizer(path, eos_token=eos_token)
+    entry = os.path.join(folder, f"{key}.json")
+    try:
+        with open(entry, encoding="utf-8") as f:
+            kept = json.load(f)
+        from tokenizers import Tokenizer
+
+        return BackendTokenizer(Tokenizer.from_str(kept["backend"]), kept["eos_token"], kept["eos_token_id"],
+                                kept["special"], path)
+    except Exception:  # noqa: BLE001 - a miss, or an entry damaged in any way: the reference load
+        pass
+    tok = load_tokenizer(path, eos_token=eos_token)
+    backend = tok._tokenizer.to_str()
+    from tokenizers import Tokenizer
+
+    # Kept only where the serialized form reads back as the same tokenizer.
+    if Tokenizer.from_str(backend).to_str() == backend:
+        special = [(i, t.content) for i, t in tok.added_tokens_decoder.items() if t.special]
+        kept = {"backend": backend, "eos_token": tok.eos_token, "eos_token_id": tok.eos_token_id, "special": special}
+        try:
+            os.makedirs(folder, exist_ok=True)
+            tmp = f"{entry}.{os.getpid()}.tmp"
+            with open(tmp, "w", encoding="utf-8") as f:
+                json.dump(kept, f)
+            os.replace(tmp, entry)  # readers see a whole entry or none
+        except OSError:
+            pass
     return tok
 
 

@@ -2,6 +2,7 @@
 
     python scripts/bench_tokenized.py                          # 10k c4 rows, phi-3-mini, workers 0 1 2, 3 rounds
     python scripts/bench_tokenized.py --rows 10000 --workers 0 2 4 --rounds 1
+    python scripts/bench_tokenized.py --first-batch --rounds 5  # start-up only: seconds to the first batch
 
 Each measurement runs in a fresh interpreter (so its RSS is its own): on one input of ``--rows``
 text rows (the c4 demo rows repeated, each with its number appended),
@@ -18,6 +19,12 @@ text rows (the c4 demo rows repeated, each with its number appended),
 * packed with the most workers over the same rows gzipped (``.jsonl.gz``: no seeking);
 * ``datasets``: ``load_dataset("json", streaming=True).map(tokenize, batched=True)`` and a greedy
   packing collator making the same 8x2048 batches, one process.
+
+``--first-batch`` times only the start: from ``pl.tokenized(...)`` to the first batch, packed and
+padded, for each ``--workers``, each in a fresh interpreter (``portable_loader`` imported before the
+clock starts, as above), rounds interleaved; with the tokenizer kept by an earlier run
+(``load_tokenizer_cached``: the usual case) and without (a fresh ``PORTABLE_LOADER_TOKENIZER_CACHE``:
+the first run with a tokenizer, which loads it through ``transformers``). Writes no table files.
 
 The ratio compares a loader's tokens/s with that rate. Cores used: the worker count (1 for
 ``num_workers=0`` and for ``datasets``, whose one process may still use the Rust encoder's threads
@@ -98,16 +105,20 @@ def real_tokens(batch) -> int:
     return int(np.count_nonzero(np.asarray(batch["attention_mask" if "attention_mask" in batch else "segment_ids"])))
 
 
-def one_loader(data: str, tokenizer: str, workers: int, packing: bool = True) -> dict:
+def one_loader(data: str, tokenizer: str, workers: int, packing: bool = True, first_only: bool = False) -> dict:
     import portable_loader as pl
 
     t0 = time.perf_counter()
     ds = pl.tokenized(data, tokenizer=tokenizer, format="text", max_length=SEQ, overlong="truncate")
+    t_dataset = time.perf_counter() - t0
     loader = pl.DataLoader(ds, global_batch_size=BATCH, seq_len=SEQ, packing=packing, num_workers=workers, seed=0, num_epochs=1)
     with iter(loader) as it:
         t_ready, cpu = time.perf_counter(), cpu_seconds()
         first = next(it)
         t_first = time.perf_counter() - t0
+        if first_only:
+            return {"first_batch_s": t_first, "dataset_s": t_dataset,
+                    "transformers_imported": "transformers" in sys.modules}
         tokens = real_tokens(first)
         for batch in it:  # the whole epoch: every packing window tokenized
             tokens += real_tokens(batch)
@@ -181,12 +192,45 @@ def tokenizer_rate(args, procs: int) -> dict:
             "tokens_per_cpu_s": sum(o["tokens_per_cpu_s"] for o in outs) / procs}
 
 
+def first_batches(args) -> None:
+    """``--first-batch``: median seconds to the first batch, with the tokenizer kept and without."""
+    import statistics
+
+    runs = [(mode, w, kept) for kept in (True, False) for mode in ("packed", "padded") for w in args.workers]
+    got: dict = {run: [] for run in runs}
+    with tempfile.TemporaryDirectory() as tmp:
+        args.data = os.path.join(tmp, "rows.jsonl")
+        make_input(args.data, args.rows)
+        kept_dir = os.path.join(tmp, "kept")
+        for r in range(args.rounds):
+            for mode, w, kept in runs:
+                cache = kept_dir if kept else os.path.join(tmp, f"fresh-{r}-{mode}-{w}")
+                env = dict(os.environ, PORTABLE_LOADER_TOKENIZER_CACHE=cache)
+                cmd = [sys.executable, os.path.abspath(__file__), "--one", "loader", str(w), mode, "first",
+                       "--data", args.data, "--tokenizer", args.tokenizer]
+                if kept and not os.path.isdir(kept_dir):  # an earlier run keeps the tokenizer
+                    subprocess.run(cmd, env=env, check=True, capture_output=True)
+                out = subprocess.run(cmd, env=env, check=True, capture_output=True, text=True).stdout
+                got[(mode, w, kept)].append(json.loads(out.strip().splitlines()[-1]))
+    print(f"rows: {args.rows}; tokenizer: {os.path.basename(args.tokenizer)}; {BATCH}x{SEQ} batches; cpus: {cores()}; "
+          f"median of {args.rounds} rounds; load average now: {os.getloadavg()[0]:.1f}\n")
+    print("| loader | tokenizer | first batch (s) | of which pl.tokenized(...) (s) | rounds (s) | transformers imported |")
+    print("|---|---|---:|---:|---|---|")
+    for (mode, w, kept), rs in got.items():
+        firsts = [x["first_batch_s"] for x in rs]
+        print(f"| pl.tokenized, {mode}, num_workers={w} | {'kept by an earlier run' if kept else 'first run'} | "
+              f"{statistics.median(firsts):.2f} | {statistics.median(x['dataset_s'] for x in rs):.2f} | "
+              f"{', '.join(f'{x:.2f}' for x in firsts)} | {any(x['transformers_imported'] for x in rs)} |")
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--rows", type=int, default=10_000)
     p.add_argument("--tokenizer", default=os.path.join(DATA, "tokenizers", "phi-3-mini"))
     p.add_argument("--workers", type=int, nargs="+", default=[0, 1, 2])
     p.add_argument("--rounds", type=int, default=3, help="runs of every contender; each row is the median")
+    p.add_argument("--first-batch", action="store_true",
+                   help="time only the start (seconds to the first batch), with the tokenizer kept and without")
     add_output_args(p, "tokenized")
     p.add_argument("--one", nargs="+", help=argparse.SUPPRESS)
     p.add_argument("--data", help=argparse.SUPPRESS)
@@ -198,8 +242,12 @@ def main() -> None:
         elif kind == "datasets":
             result = one_datasets(args.data, args.tokenizer)
         else:
-            result = one_loader(args.data, args.tokenizer, int(args.one[1]), args.one[2] == "packed")
+            result = one_loader(args.data, args.tokenizer, int(args.one[1]), args.one[2] == "packed",
+                                first_only=args.one[3:] == ["first"])
         print(json.dumps(result))
+        return
+    if args.first_batch:
+        first_batches(args)
         return
     print(machine())
     with tempfile.TemporaryDirectory() as tmp:

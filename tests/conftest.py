@@ -17,6 +17,19 @@ GPT2 = DATA / "tokenizers" / "gpt2"
 SAMPLE = ROOT / "portable_loader" / "sample"
 
 
+@pytest.fixture(scope="session", autouse=True)
+def own_tokenizer_cache(tmp_path_factory):
+    """The run's own kept tokenizers (pl.tokenized keeps the backends it loads): never the user's
+    ~/.cache, and a cold start in every run, so both the first load and the kept one are exercised."""
+    before = os.environ.get("PORTABLE_LOADER_TOKENIZER_CACHE")
+    os.environ["PORTABLE_LOADER_TOKENIZER_CACHE"] = str(tmp_path_factory.mktemp("tokenizers"))
+    yield
+    if before is None:
+        os.environ.pop("PORTABLE_LOADER_TOKENIZER_CACHE", None)
+    else:
+        os.environ["PORTABLE_LOADER_TOKENIZER_CACHE"] = before
+
+
 def need(path: pathlib.Path) -> str:
     if not path.exists():
         pytest.skip(f"real test data not found at {path} (expected ../shared/data beside the project)")

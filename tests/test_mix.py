@@ -106,6 +106,34 @@ def test_count_bound_and_source_epochs(spec, block_extra, seed):
             assert len(set(epochs)) > 1  # a fresh order per source epoch
 
 
+@settings(max_examples=40, deadline=None)
+@given(sizes=st.lists(st.integers(1, 300), min_size=1, max_size=12), block_extra=st.integers(0, 40),
+       seed=st.integers(0, 2**64 - 1), shuffle=st.booleans(), nested=st.booleans(), start=st.integers(0, 10**12),
+       scattered=st.booleans())
+def test_a_chunks_lookup_equals_position_by_position(sizes, block_extra, seed, shuffle, nested, start, scattered):
+    """A planner's chunk (thousands of positions: its blocks and the sources' samplers all at once)
+    and scattered positions give each position the record that looking it up alone gives (a few
+    positions go block by block, in Python integers)."""
+    sources = {f"s{i}": recs(n, i) for i, n in enumerate(sizes)}
+    weights = {f"s{i}": 1 + i % 4 for i in range(len(sizes))}
+    if nested and len(sizes) > 1:
+        sources = {"in": pl.mix({"s0": sources["s0"], "s1": sources["s1"]}, {"s0": 1, "s1": 2}),
+                   **{k: v for k, v in sources.items() if k not in ("s0", "s1")}}
+        weights = {"in": 3, **{k: v for k, v in weights.items() if k not in ("s0", "s1")}}
+    floor = -(-sum(weights.values()) // min(weights.values()))
+    m = pl.mix(sources, weights, block=floor + block_extra)
+    m = pl.mix(sources, [(0, weights), (start // 2 + 1, dict(zip(weights, reversed(list(weights.values())))))],
+               block=None if block_extra % 2 else m.stages[0].block)
+    if scattered:
+        pos = np.random.default_rng(start).integers(0, 2 * start + 5000, 3000)
+    else:
+        pos = np.arange(start, start + 3000)
+    got = m.stream_order(seed, shuffle=shuffle).stream_indices(pos)
+    one = m.stream_order(seed, shuffle=shuffle)
+    want = [int(one.stream_indices(pos[j : j + 1])[0]) for j in range(0, pos.size, 7)]
+    assert got[::7].tolist() == want
+
+
 def test_block_equal_to_batch_holds_weights_at_every_batch():
     m = pl.mix({"a": recs(5, 1), "b": recs(40, 2), "c": recs(9, 3)}, {"a": 1, "b": 5, "c": 2}, block=16)
     loader = pl.DataLoader(m, global_batch_size=16, seq_len=32, seed=7)

@@ -8,6 +8,8 @@ caches, with workers and resumes; each source's own ``read_ahead`` for the mixtu
 """
 
 
+import pickle
+
 import fsspec
 import numpy as np
 import pytest
@@ -104,6 +106,42 @@ def test_spans_are_offered_only_when_every_source_has_them(caches):
         assert getattr(m, "spans", None) is None and getattr(m, "read_ahead", None) is None
     with pytest.raises(IndexError, match="out of range"):
         pl.mix(dict(caches), {"web": 1}).spans([540])
+
+
+def local_mixture(caches, w):
+    """Local Arrow caches only (a nested mix of them too): ``Mix.lengths`` answers from spans."""
+    inner = pl.mix({"a": caches["web"], "b": caches["math"]}, {"a": 1, "b": 2})
+    return pl.mix({"web": caches["web"], "math": caches["math"], "inner": inner}, dict(zip(("web", "math", "inner"), w)))
+
+
+@settings(max_examples=30, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(w=weights, idx=st.one_of(st.lists(st.integers(0, 679), max_size=20),
+                                st.lists(st.integers(0, 679), min_size=65, max_size=600)))
+def test_local_caches_size_from_spans_and_keep_them_for_the_read(caches, w, idx):
+    m = local_mixture(caches, w)
+    assert m._span_readers()[1] and not mixture(caches, w, False, False)._span_readers()[1]  # code: ArrayRecord
+    want = [(r["input_ids"].tolist(), r["loss_mask"].tolist()) for r in m.__getitems__(idx)]
+    arr = np.asarray(idx, dtype=np.int64)
+    assert m.lengths(arr).tolist() == [len(ids) for ids, _ in want]
+    got = m.spans(arr.copy())
+    assert decoded(got) == want
+    if arr.size > 64:  # a window's many records: located once, for lengths and for the read
+        assert got is m.spans(arr)
+    assert decoded(m.spans(arr[::-1].copy())) == want[::-1]  # other records: located afresh
+    assert decoded(m.reopen().spans(arr)) == want
+    assert decoded(pickle.loads(pickle.dumps(m)).spans(arr)) == want  # a spawned worker's copy: no memoryviews
+
+
+@pytest.mark.parametrize("packing", [False, True], ids=["padded", "packed"])
+@settings(max_examples=8, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(w=weights, seed=st.integers(0, 2**32 - 1))
+def test_batches_over_local_caches_equal_the_record_path(caches, packing, w, seed):
+    m = local_mixture(caches, w)
+    config = dict(global_batch_size=8, seq_len=96, seed=seed, prefetch=0, packing=packing, packing_window=100,
+                  overlong="split" if packing else "truncate")
+    got, _ = batches(m, 90, **config)
+    want, _ = batches(hidden(m), 90, **config)
+    same(got, want)
 
 
 @pytest.mark.parametrize("packing", [False, True], ids=["padded", "packed"])

@@ -208,3 +208,61 @@ def test_windows_the_main_process_tokenizes_reach_workers_without_a_second_token
     assert_same_records(list(worker[0:10]) + list(worker[50:]), list(fresh[0:10]) + list(fresh[50:]))  # dropped and unseen: tokenized
     ds._spill.close()
     assert not os.path.exists(ds._spill.dir)
+
+
+@pytest.mark.parametrize("tok", ["gpt2", "phi3"])
+def test_a_kept_tokenizer_gives_the_records_of_transformers_without_importing_it(tmp_path, monkeypatch, tok):
+    """The text and alpaca formats load a tokenizer kept by an earlier load (no transformers import):
+    its records equal transformers' on real rows. phi-3-mini's raw tokenizer.json would not:
+    transformers rebuilds its backend."""
+    import subprocess
+    import sys
+
+    from portable_loader.tokenize import BackendTokenizer, Formatter, load_tokenizer, load_tokenizer_cached
+
+    monkeypatch.setenv("PORTABLE_LOADER_TOKENIZER_CACHE", str(tmp_path / "kept"))
+    path = need(GPT2 if tok == "gpt2" else PHI3)
+    assert not isinstance(load_tokenizer_cached(path), BackendTokenizer)  # the first load: transformers, kept
+    kept, ref = load_tokenizer_cached(path), load_tokenizer(path)
+    assert isinstance(kept, BackendTokenizer) and (kept.eos_token, kept.eos_token_id) == (ref.eos_token, ref.eos_token_id)
+    for fmt, rel, fields in [("text", "text/llamafactory_c4_demo.jsonl", None), ("text", "text/wikitext2_valid.txt", None),
+                             ("alpaca", "alpaca/gsm8k_train.jsonl", GSM["fields"]),
+                             ("alpaca", "alpaca/llamafactory_alpaca_en_demo.json", None)]:
+        from portable_loader.io import open_inputs
+
+        table = open_inputs(need(DATA / rel), "train[:300]")
+        rows = table.get(table.present().tolist())
+        for max_length in (None, 48):
+            want = Formatter(fmt, ref, fields=fields, max_length=max_length).encode(rows)
+            got = Formatter(fmt, kept, fields=fields, max_length=max_length).encode(rows)
+            assert [r if isinstance(r, str) else (r[0].tolist(), r[1].tolist()) for r in got] == \
+                   [r if isinstance(r, str) else (r[0].tolist(), r[1].tolist()) for r in want], rel
+    code = ("import sys, portable_loader as pl; "
+            f"ds = pl.tokenized({need(DATA / 'text' / 'llamafactory_c4_demo.jsonl')!r}, tokenizer={path!r}, format='text'); "
+            "print(type(ds._formatter().tok).__name__, 'transformers' in sys.modules, ds.lengths([0]).tolist())")
+    env = dict(os.environ, PORTABLE_LOADER_TOKENIZER_CACHE=str(tmp_path / "kept"))
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, env=env).stdout.split()
+    assert out[:2] == ["BackendTokenizer", "False"]
+
+
+def test_a_kept_tokenizer_is_keyed_by_its_files_and_a_damaged_one_is_loaded_again(tmp_path, monkeypatch):
+    import shutil
+
+    from portable_loader.tokenize import BackendTokenizer, load_tokenizer_cached
+
+    monkeypatch.setenv("PORTABLE_LOADER_TOKENIZER_CACHE", str(tmp_path / "kept"))
+    own = tmp_path / "tok"
+    shutil.copytree(need(GPT2), own)
+    load_tokenizer_cached(str(own))
+    (entry,) = (tmp_path / "kept").iterdir()
+    assert isinstance(load_tokenizer_cached(str(own)), BackendTokenizer)
+    assert not isinstance(load_tokenizer_cached(str(own), eos_token="!"), BackendTokenizer)  # another EOS: another key
+    entry.write_text(entry.read_text()[:1000])  # cut short
+    assert not isinstance(load_tokenizer_cached(str(own)), BackendTokenizer)  # loaded again, and kept again
+    assert isinstance(load_tokenizer_cached(str(own)), BackendTokenizer)
+    before = set((tmp_path / "kept").iterdir())
+    (own / "tokenizer.json").write_text((own / "tokenizer.json").read_text().replace('"<|endoftext|>"', '"<|end|>"'))
+    assert not isinstance(load_tokenizer_cached(str(own)), BackendTokenizer)  # an edited file: a new key
+    assert len(set((tmp_path / "kept").iterdir()) - before) == 1
+    monkeypatch.setenv("PORTABLE_LOADER_TOKENIZER_CACHE", "off")
+    assert not isinstance(load_tokenizer_cached(str(own)), BackendTokenizer)

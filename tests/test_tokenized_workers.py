@@ -195,3 +195,124 @@ def test_from_the_second_epoch_nothing_is_sent_ahead(monkeypatch):
     # 160 records: 8 windows an epoch. Every window of the first is sent; of the second, only the
     # first AHEAD_BLOCKS may be (sent while the first epoch's last lengths were still unknown).
     assert set(range(8)) <= set(sent) and max(sent) <= 7 + ahead.AHEAD_BLOCKS
+
+
+# --- sources that wrap pl.tokenized: a map, a mixture ----------------------------------------------
+
+
+def crop(r):  # changes lengths: the planner needs fn's lengths, not the tokenizer's
+    return {"input_ids": r["input_ids"][:40], "loss_mask": r["loss_mask"][:40]}
+
+
+def unmask_first(r):  # keeps lengths
+    mask = r["loss_mask"].copy()
+    mask[:1] = 0
+    return dict(r, loss_mask=mask)
+
+
+def gsm():
+    return pl.tokenized(need(DATA / "alpaca" / "gsm8k_train.jsonl"), tokenizer=need(GPT2), format="alpaca",
+                        split="train[:120]", fields={"instruction": "question", "output": "answer"})
+
+
+def listed(n=50):
+    return [{"input_ids": np.arange(7 + i % 90, dtype=np.int32), "loss_mask": np.ones(7 + i % 90, np.uint8)}
+            for i in range(n)]
+
+
+def wrapped(shape):
+    """(the tokenized sources inside, the dataset the loader reads) for each shape."""
+    a, b = c4(), gsm()
+    return {
+        "map": ([a], a.map(crop)),
+        "map-keeps-lengths": ([a], a.map(unmask_first, keeps_lengths=True)),
+        "mix-of-two": ([a, b], pl.mix({"c4": a, "gsm": b}, {"c4": 2, "gsm": 1})),
+        "mix-with-a-list": ([a], pl.mix({"c4": a, "list": listed()}, {"c4": 1, "list": 1})),
+        "map-of-a-mix-of-maps": ([a, b], pl.mix({"c4": a.map(crop), "gsm": b, "list": listed()},
+                                               {"c4": 1, "gsm": 1, "list": 1}).map(unmask_first)),
+    }[shape]
+
+
+SHAPES = ["map", "map-keeps-lengths", "mix-of-two", "mix-with-a-list", "map-of-a-mix-of-maps"]
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+def test_wrapped_sources_are_tokenized_by_the_workers_into_the_same_batches(shape):
+    kw = dict(global_batch_size=4, seq_len=256, seed=3, packing=True, packing_window=24)
+
+    def run(workers):
+        parts, ds = wrapped(shape)
+        for part in parts:
+            counting(part)
+        assert ds.tokenizes_ahead
+        with iter(pl.DataLoader(ds, num_workers=workers, **kw)) as it:
+            batches = [next(it) for _ in range(40)]  # several windows; a mixture's sources wrap around
+        return batches, CountingFormatter.rows, sum(part.encoded for part in parts)
+
+    want, rows_inline, encoded_inline = run(0)
+    assert rows_inline > 0 and encoded_inline > 0  # the counts see a tokenizing main process
+    got, rows_main, encoded_main = run(2)
+    assert_same_batches(got, want)
+    assert (rows_main, encoded_main) == (0, 0), "the main process tokenized with 2 workers"
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+def test_a_wrapped_part_tokenized_by_one_worker_is_read_by_another_without_tokenizing(shape):
+    import pickle
+
+    parts, ds = wrapped(shape)
+    _, fresh = wrapped(shape)
+    picks = np.array([0, 3, 41, 150, len(ds) - 1, 77, 9])
+    writer = pickle.loads(pickle.dumps(ds))  # a spawned worker: no tokenizer loaded until it must
+    lengths = writer.tokenize_ahead(picks, "w0-b0")
+    assert lengths.tolist() == fresh.lengths(picks).tolist()
+    ds.learn(picks, lengths)  # the main process
+    assert ds.unknown(picks).size == 0
+    reader = pickle.loads(pickle.dumps(ds))
+    got = reader[picks.tolist()]
+    assert_same_batches(got, fresh[picks.tolist()])
+    assert all(t._fmt is None for t in tokenized_inside(reader)), "the reader tokenized"
+    ds.drop_handover()
+    assert not any(os.path.exists(part._spill.dir) for part in parts)
+
+
+def tokenized_inside(ds):
+    from portable_loader.dataset.tokenized import Tokenized
+
+    if isinstance(ds, Tokenized):
+        return [ds]
+    kids = getattr(ds, "children", None) or [getattr(ds, "parent", None)]
+    return [t for k in kids if k is not None for t in tokenized_inside(k)]
+
+
+def test_a_map_that_changes_lengths_plans_with_the_mapped_lengths():
+    ds = c4().map(crop)
+    worker = pickle_copy(ds)
+    recs = np.arange(20)
+    ds.learn(recs, worker.tokenize_ahead(recs, "w"))
+    assert ds.lengths(recs).max() <= 40 and ds.parent.unknown(recs).size == 20  # the parent learnt nothing
+    assert ds.lengths(recs).tolist() == [len(r["input_ids"]) for r in c4().map(crop)[recs.tolist()]]
+    ds.drop_handover()
+
+
+def pickle_copy(ds):
+    import pickle
+
+    return pickle.loads(pickle.dumps(ds))
+
+
+@pytest.mark.parametrize("shape", ["map", "mix"])
+def test_a_bad_row_met_ahead_under_a_wrapper_raises_in_the_main_process_naming_it(tmp_path, shape):
+    from portable_loader.errors import BadRowError
+
+    rows = [{"instruction": f"q{i}", "output": f"a{i}"} for i in range(40)]
+    rows[27]["output"] = 7
+    data = jsonl(tmp_path / "d.jsonl", rows)
+    inner = pl.tokenized(data, tokenizer=need(GPT2), format="alpaca")
+    ds = inner.map(crop) if shape == "map" else pl.mix({"bad": inner, "list": listed(10)}, {"bad": 3, "list": 1})
+    with pytest.raises(BadRowError) as e:
+        with iter(pl.DataLoader(ds, global_batch_size=2, seq_len=64, packing=True, packing_window=8, num_workers=2)) as it:
+            for _ in range(100):
+                next(it)
+    assert (e.value.path, e.value.where, e.value.field) == (str(data), "line 28", "output")
+    assert not os.path.exists(inner._spill.dir)

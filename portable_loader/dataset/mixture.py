@@ -110,7 +110,11 @@ class Mix(Dataset):
         self.filters = tuple(f"{n}: {f}" for n, c in zip(names, children) for f in c.filters)
         self._flat = not any(c.locate is not None for c in children)  # no nested mix: locate needs no recursion
         self.fork_hazard = next((c.fork_hazard for c in children if c.fork_hazard), None)
+        # The loader's workers tokenize packing windows ahead when any source tokenizes on read.
+        self.tokenizes_ahead = any(c.tokenizes_ahead for c in children)
         self._spans_ok = all(c.spans is not None for c in children)
+        self._span_at: tuple | None = None  # see _span_readers
+        self._sized: tuple[np.ndarray, Spans] | None = None  # (records, their Spans) of the last large call
 
     # --- the schedule ---------------------------------------------------------------------------
 
@@ -320,10 +324,61 @@ class Mix(Dataset):
         return self._spans if self._spans_ok else None
 
     def _spans(self, indices) -> Spans:
-        n, parts = self.per_source("spans", indices)
+        sized = self._sized
+        if sized is not None and type(indices) is np.ndarray and indices.shape == sized[0].shape \
+                and np.array_equal(indices, sized[0]):
+            return sized[1]  # the records of the last large call: a window sized, then read
+        at, local = self._span_readers()
+        spans = self._located(at, indices)
+        if local and type(indices) is np.ndarray and indices.size > _FEW:
+            # kept for a lengths() or spans() call with the same records (local caches only: a
+            # remote one's spans would hold shard buffers beyond its cache limit)
+            self._sized = (indices.copy(), spans)
+        return spans
+
+    def _located(self, at: list, indices) -> Spans:
+        """``spans`` of ``indices`` located now (``at``: each source's ``span_at``, or None)."""
+        if type(indices) is np.ndarray and indices.size <= _FEW * len(at) and None not in at:
+            return self._spans_in_order(at, indices.astype(np.int64, copy=False).reshape(-1))
+        n, groups = self._groups(indices)
+        # A source with few records in the call (60 sources share a window of 1,024) is located
+        # record by record: a spans call's fixed costs, paid per source, were most of a window's.
+        parts = [(where, _spans_at(at[i], rec.tolist()) if at[i] is not None and rec.size <= _FEW
+                  else self.children[i].spans(rec)) for i, where, rec in groups]
         if len(parts) == 1:  # one source: its answer is already in the order asked
             return parts[0][1]
         return join_spans(n, parts)
+
+    def _spans_in_order(self, at: list, idx: np.ndarray) -> Spans:
+        """``spans`` of ``idx`` when every source is a local Arrow cache and has few of them on
+        average: each record located by its source's ``span_at`` in the order asked, so neither
+        grouping by source nor joining the answers (a third of a 60-source window's cost)."""
+        if not idx.size:
+            return Spans([], [], [], [], [], [])
+        if idx.min() < 0 or idx.max() >= len(self):
+            bad = int(idx[(idx < 0) | (idx >= len(self))][0])
+            raise IndexError(f"mixture index {bad} is out of range [0, {len(self)})")
+        src = np.searchsorted(self.offsets, idx, side="right") - 1
+        ids, masks, ids_at, mask_at, length = zip(*[at[i](r) for i, r in zip(src.tolist(), (idx - self.offsets[src]).tolist())])
+        index: dict[int, int] = {}  # id of a buffer -> its number, in the order first met
+        buf = [index.setdefault(id(a), len(index)) for a in ids]
+        first = {id(a): (a, m) for a, m in zip(ids, masks)}  # the same order as ``index``
+        return Spans([a for a, _ in first.values()], [m for _, m in first.values()], buf, list(ids_at),
+                     list(mask_at), list(length))
+
+    def _span_readers(self) -> tuple[list, bool]:
+        """(each source's ``span_at`` where it is a local Arrow cache, else None; whether every source
+        is one, or a mix of them only), worked out once per set of children (``reopen`` makes new ones)."""
+        got = self._span_at
+        if got is None or got[0] is not self.children:
+            from portable_loader.dataset.sources import Cache
+
+            # (a reader that trims read-ahead, a remote one, is not local)
+            at = [getattr(c.cache, "span_at", None) if type(c) is Cache and getattr(c.cache, "read_ahead", None) is None
+                  else None for c in self.children]
+            local = all(a is not None or (isinstance(c, Mix) and c._span_readers()[1]) for a, c in zip(at, self.children))
+            got = self._span_at = (self.children, at, local)
+        return got[1], got[2]
 
     @property
     def read_ahead(self):
@@ -342,6 +397,8 @@ class Mix(Dataset):
         return self._read_ahead if self._spans_ok else None
 
     def _read_ahead(self, now: np.ndarray, ahead: np.ndarray) -> np.ndarray:
+        if self._span_readers()[1]:  # local Arrow caches only: each hands back all it is given
+            return ahead
         _, now_groups = self._groups(now)
         now_of = {i: rec for i, _, rec in now_groups}
         keep = None
@@ -383,11 +440,68 @@ class Mix(Dataset):
         return out
 
     def lengths(self, indices) -> np.ndarray:
+        if self._spans_ok and type(indices) is np.ndarray and indices.size > _FEW and self._span_readers()[1]:
+            # Local caches only (a remote one would fetch shards to size them): a loader sizes a
+            # packing window (or a chunk) and reads the same records, so their spans answer both.
+            return np.array(self._spans(indices).length, dtype=np.int64)
         n, groups = self._groups(indices)
         out = np.empty(n, dtype=np.int64)
         for i, where, rec in groups:
             out[where] = self.children[i].lengths(rec)
         return out
+
+    # --- tokenizing ahead in the loader's workers (engine/ahead.py) ------------------------------
+    # Each call goes to the sources that tokenize ahead with their own record numbers; the others
+    # (caches, lists) know every length and report nothing unknown.
+
+    def unknown(self, indices) -> np.ndarray:
+        """The distinct ``indices`` whose length is not known yet (records of sources that tokenize
+        on read, ``pl.tokenized``), ascending.
+
+        Example:
+            >>> import portable_loader as pl
+            >>> from portable_loader.precache import sample_args
+            >>> m = mix({"chat": pl.tokenized(**sample_args()), "list": [{"input_ids": np.arange(3)}] * 5}, {"chat": 1, "list": 1})
+            >>> m.tokenizes_ahead, m.unknown([2001, 7, 2000, 7]).tolist()   # 2000 on: the list's records
+            (True, [7])
+        """
+        idx = np.unique(np.asarray(indices, dtype=np.int64))
+        found = [self.children[i].unknown(rec) + self.offsets[i] for i, _, rec in self._groups(idx)[1]
+                 if self.children[i].tokenizes_ahead]
+        return np.concatenate(found) if found else idx[:0]
+
+    def tokenize_ahead(self, indices: np.ndarray, name: str) -> np.ndarray:
+        """(In a loader worker) the lengths of records ``indices``, each source that tokenizes ahead
+        tokenizing its own and handing them over as file ``name.<source number>``.
+
+        Example:
+            >>> import portable_loader as pl
+            >>> from portable_loader.precache import sample_args
+            >>> chat = pl.tokenized(**sample_args())
+            >>> m = mix({"chat": chat, "list": [{"input_ids": np.arange(3)}] * 5}, {"chat": 1, "list": 1})
+            >>> m.tokenize_ahead(np.array([9, 2001, 4]), "w0-p1").tolist()
+            [17, 3, 34]
+            >>> m.drop_handover()
+        """
+        n, groups = self._groups(np.asarray(indices, dtype=np.int64))
+        out = np.empty(n, dtype=np.int64)
+        for i, where, rec in groups:
+            child = self.children[i]
+            out[where] = child.tokenize_ahead(rec, f"{name}.{i}") if child.tokenizes_ahead else child.lengths(rec)
+        return out
+
+    def learn(self, indices: np.ndarray, lengths: np.ndarray) -> None:
+        """(In the main process) take lengths a worker computed by :meth:`tokenize_ahead`."""
+        lengths = np.asarray(lengths, dtype=np.int64)
+        for i, where, rec in self._groups(np.asarray(indices, dtype=np.int64))[1]:
+            if self.children[i].tokenizes_ahead:
+                self.children[i].learn(rec, lengths[where])
+
+    def drop_handover(self, name: str | None = None) -> None:
+        """Remove the sources' hand-over files for ``name`` (see :meth:`tokenize_ahead`), or all of them."""
+        for i, child in enumerate(self.children):
+            if child.tokenizes_ahead:
+                child.drop_handover(None if name is None else f"{name}.{i}")
 
     def accepts(self, indices) -> np.ndarray:
         n, groups = self._groups(indices)
@@ -456,7 +570,13 @@ class Mix(Dataset):
     def reopen(self) -> "Mix":
         clone = copy.copy(self)
         clone.children = tuple(c.reopen() for c in self.children)
+        clone._span_at = clone._sized = None  # the spans kept point into the old readers' maps
         return clone
+
+    def __getstate__(self):  # to a spawned worker: the spans kept are memoryviews of this process's maps
+        state = dict(self.__dict__)
+        state["_sized"] = state["_span_at"] = None
+        return state
 
     def mean_length(self) -> Fraction:
         """Mean record length of the stream (a one-stage mixture only: a schedule has one per stage)."""
@@ -516,3 +636,28 @@ def _mean_length(ds: Dataset, name: str) -> Fraction:
         raise ValueError(f"mix(unit='tokens'): source {name!r} has records of mean length 0")
     return mean
 
+
+def _spans_at(span_at, records: list[int]) -> Spans:
+    """The :class:`Spans` of a few ``records`` of one local cache, each located by its ``span_at``
+    (no per-call setup: a mixture asks each of many sources for a handful of records).
+
+    Example:
+        >>> import portable_loader as pl
+        >>> from portable_loader.precache import sample_args
+        >>> chat = pl.open_cache(pl.precache(**sample_args(), out="cache"))
+        >>> _spans_at(chat.span_at, [5, 0]).length == chat.spans([5, 0]).length
+        True
+    """
+    if not records:
+        return Spans([], [], [], [], [], [])
+    ids, masks, ids_at, mask_at, length = zip(*[span_at(r) for r in records])
+    first = ids[0]
+    if all(a is first for a in ids):  # one shard batch (up to 65,536 records a cache): one buffer
+        return Spans([first], [masks[0]], [0] * len(records), list(ids_at), list(mask_at), list(length))
+    index: dict[int, int] = {}  # id of a buffer -> its number here
+    for a in ids:
+        index.setdefault(id(a), len(index))
+    buf = [index[id(a)] for a in ids]
+    seen = {id(a): (a, m) for a, m in zip(ids, masks)}  # in the order first met, as ``index`` numbers them
+    ids, masks = [a for a, _ in seen.values()], [m for _, m in seen.values()]
+    return Spans(ids, masks, buf, list(ids_at), list(mask_at), list(length))

@@ -31,6 +31,7 @@ import numpy as np
 
 from portable_loader.errors import PositionOutOfRange
 from portable_loader.keyed import KeyedPermutation, keep, splitmix64, subkey
+from portable_loader.sampler import LCGSampler
 
 __all__ = ["MixOrder", "Stage", "hamilton", "name_key"]
 
@@ -41,6 +42,8 @@ KEPT_ONLINE = 3
 _CACHED_BLOCKS = 64
 _CACHED_ORDERS = 16  # block orders kept: a block of 256 serves 32 steps of 8
 _FEW = 24  # up to this many positions are looked up in Python integers (numpy calls cost more)
+_FEW_PERMS = 8  # _permute calls each of up to this many permutations on its own positions
+_VECTOR_BLOCKS = 4  # a lookup meeting this many blocks builds them together (MixOrder._many_blocks)
 
 
 def hamilton(nums: Sequence[int], den: int, total: int) -> list[int]:
@@ -135,6 +138,12 @@ class MixOrder:
         self._blocks: dict[tuple[int, int], list[int]] = {}
         self._orders: dict[tuple[int, int], tuple] = {}
         self._start_list = self._starts.tolist()
+        # Plain LCG samplers as every child (a mixture of caches or lists): a chunk's draws of all
+        # of them go through one vectorized pass (_lcg_records) instead of a numpy pipeline per source.
+        self._lcg_sizes = None
+        if self.children and all(type(c) is LCGSampler and c.shard_count == 1 and c.num_epochs is None
+                                  for c in self.children):
+            self._lcg_sizes = np.array([c.num_records for c in self.children], dtype=np.int64)
 
     def __len__(self) -> int:
         return sys.maxsize if self.num_epochs is None else self.num_epochs * self.num_records
@@ -184,6 +193,50 @@ class MixOrder:
             rank = np.empty(src.size, dtype=np.int64)
             rank[by_source] = np.arange(src.size, dtype=np.int64) - (np.cumsum(counts) - counts)[src[by_source]]
             spos = got[2] = np.asarray(first, dtype=np.int64)[src] + rank
+        return src, spos
+
+    def _many_blocks(self, k: int, blocks: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """``_block_positions`` of each of ``blocks`` (sorted, distinct) of stage ``k``, as rows of two
+        arrays, in a few numpy passes over all of them (a chunk of 4,096 positions meets 16 blocks of
+        256; one by one, their counts, permutations and ranks cost 1 ms with 60 sources).
+
+        The same values as block by block: the counts by :func:`_hamiltons`, the slots by each
+        block's own ``KeyedPermutation`` (:func:`_permute`), and each source's draws ranked in slot
+        order. The last blocks are kept for the lookups that follow (``_few``, ``drawn_before``).
+        """
+        st = self.stages[k]
+        size, m, nb = st.block, len(st.nums), blocks.size
+        b0 = int(blocks[0])
+        if int(blocks[-1]) - b0 + 1 == nb:  # consecutive blocks (a chunk): their nb + 1 boundaries
+            counts = _hamiltons(st.nums, st.den, range(b0 * size, (b0 + nb + 1) * size, size))
+            before, after = counts[:-1], counts[1:]
+        else:
+            bounds = np.union1d(blocks, blocks + 1)
+            counts = _hamiltons(st.nums, st.den, [b * size for b in bounds.tolist()])  # Python ints: no wrap
+            before, after = counts[np.searchsorted(bounds, blocks)], counts[np.searchsorted(bounds, blocks + 1)]
+        first = before + np.asarray(st.base, dtype=np.int64)
+        slots = np.broadcast_to(np.arange(size, dtype=np.int64), (nb, size))
+        if self.shuffle:
+            family = splitmix64(st.start ^ _ONLINE_SALT) if st.online else splitmix64(k ^ _BLOCK_SALT)
+            perms = [KeyedPermutation(size, subkey(self.seed, b, family), 0) for b in blocks.tolist()]
+            q = _permute(perms, None, slots).reshape(-1)
+        else:
+            q = slots.reshape(-1)
+        # The source of value v of block j (the sources' shares lie back to back in value order) is
+        # entry j * size + v of this table: one gather, where searchsorted per block costs more.
+        rows = np.arange(nb, dtype=np.int64)
+        owner = np.repeat(np.tile(np.arange(m, dtype=np.int64), nb) + np.repeat(rows * m, m), (after - before).reshape(-1))
+        key = owner[q + np.repeat(rows * size, size)]  # j * m + the slot's source
+        src = key - np.repeat(rows * m, size)
+        # Each (block, source)'s slots in slot order, back to back: a stable sort, by radix on 16 bits when it fits.
+        order = np.argsort(key.astype(np.uint16) if nb * m <= 1 << 16 else key, kind="stable")
+        have = np.bincount(key, minlength=nb * m)
+        rank = np.empty_like(key)
+        rank[order] = np.arange(key.size, dtype=np.int64) - (np.cumsum(have) - have)[key[order]]
+        spos = first.reshape(-1)[key] + rank
+        src, spos = src.reshape(nb, size), spos.reshape(nb, size)
+        for j in range(max(0, nb - _CACHED_ORDERS), nb):
+            keep(self._orders, (k, int(blocks[j])), [src[j], first[j].tolist(), spos[j]], _CACHED_ORDERS)
         return src, spos
 
     def drawn_before(self, position: int) -> list[int]:
@@ -257,6 +310,17 @@ class MixOrder:
         for k, in_stage in _runs(stage_of):
             st = self.stages[k]
             blk, slot = np.divmod(pos[in_stage] - st.start, st.block)
+            if blk.size > 1 and (blk[1:] >= blk[:-1]).all():  # in order (a chunk): the blocks met, without a sort
+                met = blk[np.flatnonzero(np.concatenate(([True], blk[1:] != blk[:-1])))]
+            else:
+                met = np.unique(blk)
+            if _VECTOR_BLOCKS <= met.size and met.size * st.block <= max(4 * in_stage.size, 1 << 16):
+                # a planner's chunk: its blocks built together (bounded: scattered positions go block by block)
+                block_src, block_spos = self._many_blocks(k, met)
+                row = np.searchsorted(met, blk)
+                src[in_stage] = block_src[row, slot]
+                spos[in_stage] = block_spos[row, slot]
+                continue
             for b, here in _runs(blk):
                 block_src, block_spos = self._block_positions(k, b)
                 sel = in_stage[here]
@@ -290,8 +354,146 @@ class MixOrder:
             bad = pos[(pos < 0) | (pos >= len(self))][0]
             raise PositionOutOfRange(f"index must be in [0, {len(self)}) for this mixture's stream, got {int(bad)}")
         src, spos = self.sources_at(pos)
+        if self._lcg_sizes is not None:
+            return (_lcg_records(self.children, self._lcg_sizes, src, spos) + self.offsets[src]).reshape(pos.shape)
         out = np.empty_like(pos)
-        for i in np.unique(src).tolist():
-            sel = src == i
+        for i, sel in _runs(src):  # one sort, not a pass over every position per source
             out[sel] = self.children[i].stream_indices(spos[sel]) + self.offsets[i]
         return out
+
+
+def _lcg_records(children: Sequence[LCGSampler], sizes: np.ndarray, src: np.ndarray, spos: np.ndarray) -> np.ndarray:
+    """``children[src[j]].stream_indices([spos[j]])`` for every ``j`` at once, for plain LCG samplers.
+
+    Each (source, epoch) met is one ``KeyedPermutation``; its keys are gathered per position and the
+    mixer and cycle walk of ``KeyedPermutation.__call__`` run once over all positions, with the
+    same 64-bit numpy arithmetic, so every value is the one the source's own sampler gives. A
+    mixture's chunk then costs a few dozen numpy passes, not a dozen per source (60 sources: 4 ms).
+
+    Example:
+        >>> kids = [LCGSampler(5, seed=1), LCGSampler(3, seed=2, shuffle=False), LCGSampler(40, seed=3)]
+        >>> src = np.array([0, 2, 1, 0, 2, 2] * 9)
+        >>> spos = np.arange(src.size, dtype=np.int64)
+        >>> got = _lcg_records(kids, np.array([5, 3, 40]), src, spos)
+        >>> got.tolist() == [int(kids[i].stream_indices([p])[0]) for i, p in zip(src.tolist(), spos.tolist())]
+        True
+    """
+    n = sizes[src]
+    epoch, within = np.divmod(spos, n)
+    out = within.copy()  # an unshuffled source serves its positions in order
+    k = len(children)
+    # (source, epoch) pairs met, numbered densely: each source's epochs counted from its first here
+    # (a chunk meets one or two per source; np.unique's sort cost more than the rest together).
+    low = np.full(k, np.iinfo(np.int64).max, dtype=np.int64)
+    np.minimum.at(low, src, epoch)
+    rel = epoch - low[src]
+    cells = (int(rel.max(initial=0)) + 1) * k
+    if cells <= max(4 * src.size, 1024):
+        group = rel * k + src
+        groups = np.flatnonzero(np.bincount(group, minlength=cells))
+        dense = np.empty(cells, dtype=np.int64)
+        dense[groups] = np.arange(groups.size)
+        group = dense[group]
+        met = [(int(low[g % k]) + g // k, g % k) for g in groups.tolist()]
+    elif int(epoch.max(initial=0)) < (1 << 62) // k:  # scattered positions: the pairs by a sort
+        groups, group = np.unique(epoch * k + src, return_inverse=True)
+        met = [divmod(g, k) for g in groups.tolist()]
+    else:  # epochs so large that epoch * k would overflow
+        for i, sel in _runs(src):
+            out[sel] = children[i].stream_indices(spos[sel])
+        return out
+    perms, slot = [], np.full(len(met), -1, dtype=np.int64)
+    for g, (e, i) in enumerate(met):
+        if children[i].shuffle:
+            slot[g] = len(perms)
+            perms.append(children[i]._permutation(e))
+    if not perms:
+        return out
+    which = slot[group]
+    sel = np.flatnonzero(which >= 0)
+    out[sel] = _permute(perms, which[sel], within[sel])
+    return out
+
+
+def _permute(perms: Sequence[KeyedPermutation], which: np.ndarray | None, x: np.ndarray) -> np.ndarray:
+    """``perms[which[j]](x[j])`` for every ``j`` (``which`` None: ``x`` has a row per permutation):
+    ``KeyedPermutation.__call__`` with each position's own keys, the same 64-bit numpy arithmetic
+    (mixer, then cycle walking), so the same values.
+
+    Example:
+        >>> perms = [KeyedPermutation(10, seed=1), KeyedPermutation(300, seed=2, epoch=4)]
+        >>> x, which = np.arange(40), np.arange(40) % 2
+        >>> got = _permute(perms, which, x % 10)
+        >>> got.tolist() == [perms[w].one(v) for w, v in zip(which.tolist(), (x % 10).tolist())]
+        True
+        >>> _permute(perms, None, np.array([[0, 1], [2, 3]])).tolist() == [[perms[0].one(0), perms[0].one(1)],
+        ...                                                               [perms[1].one(2), perms[1].one(3)]]
+        True
+    """
+    if which is not None and len(perms) <= _FEW_PERMS:
+        # A few permutations (a mixture of a few sources): each one's positions, sorted together,
+        # go through its own call with scalar keys, cheaper than gathering keys per position.
+        which = np.asarray(which, dtype=np.int64).reshape(-1)
+        order = np.argsort(which.astype(np.uint16), kind="stable")  # by radix
+        bounds = np.searchsorted(which[order], np.arange(len(perms) + 1)).tolist()
+        xs = np.asarray(x, dtype=np.int64).reshape(-1)[order].view(np.uint64)
+        out = np.empty(xs.size, dtype=np.int64)
+        for perm, a, b in zip(perms, bounds, bounds[1:]):
+            if b > a:
+                out[order[a:b]] = perm(xs[a:b])
+        return out.reshape(np.shape(x))
+    rows = []  # per permutation: n, mask, whitening key, pre-multiplier, a per round, c per round, shift
+    for perm in perms:
+        mask, white, _, _, shift = perm.keys
+        d = perm._draws  # the 64-bit keys KeyedPermutation._numpy_keys takes
+        rows.append([perm.n, mask, white, d[1] | 1, *((d[r] & ~3) | 1 for r in range(2, len(d), 2)),
+                     *(d[r + 1] | 1 for r in range(2, len(d), 2)), shift])
+    keys = np.array(rows, dtype=np.uint64).T  # one row per key, one column per permutation
+    rounds = (keys.shape[0] - 5) // 2
+    shape = np.shape(x)
+    if which is None:  # a row per permutation: its keys broadcast along it (no gather)
+        which = np.repeat(np.arange(len(perms)), shape[1] if len(shape) > 1 else 1)
+        first = keys[:, :, None]
+    else:
+        which = np.asarray(which, dtype=np.int64).reshape(-1)
+        first = keys[:, which].reshape((keys.shape[0],) + shape)
+    x = np.array(x, dtype=np.uint64)
+    todo = None  # every position in the first pass; then those still >= n (cycle walking)
+    while True:
+        key = first if todo is None else keys[:, which[todo]]
+        cur = x if todo is None else x[todo]
+        cur ^= key[2]
+        cur *= key[3]
+        for r in range(rounds):
+            cur *= key[4 + r]
+            cur += key[4 + rounds + r]
+            cur &= key[1]
+            cur ^= cur >> key[4 + 2 * rounds]
+        again = np.flatnonzero(cur >= key[0])
+        if todo is None:
+            x = x.reshape(-1)
+        else:
+            x[todo] = cur
+        if not again.size:
+            return x.view(np.int64).reshape(shape)
+        todo = again if todo is None else todo[again]
+
+
+def _hamiltons(nums: Sequence[int], den: int, totals: Sequence[int]) -> np.ndarray:
+    """``hamilton(nums, den, t)`` for each ``t`` in ``totals``, as the rows of an int64 array: in numpy
+    when the products fit in 62 bits (ties again to the lower index: a stable sort), else in Python.
+
+    Example:
+        >>> _hamiltons((46, 39, 10, 20, 7, 47), 169, [12, 14]).tolist()
+        [[3, 3, 1, 1, 1, 3], [4, 3, 1, 2, 0, 4]]
+    """
+    k = len(nums)
+    if not len(totals) or max(nums) * max(totals) >= 1 << 62:
+        return np.array([hamilton(nums, den, t) for t in totals], dtype=np.int64).reshape(len(totals), k)
+    prod = np.asarray(totals, dtype=np.int64)[:, None] * np.asarray(nums, dtype=np.int64)[None, :]
+    floors, rems = np.divmod(prod, den)
+    extra = np.asarray(totals, dtype=np.int64) - floors.sum(axis=1)
+    order = np.argsort(-rems, axis=1, kind="stable")
+    rank = np.empty_like(order)
+    np.put_along_axis(rank, order, np.broadcast_to(np.arange(k), order.shape), axis=1)
+    return floors + (rank < extra[:, None])

@@ -106,7 +106,11 @@ class Capabilities:
       back to back, read straight from token files (``pl.pretokenized``); without it,
       ``packing="concat"`` finds them through the records.
     * ``tokenizes_ahead``: reading a record tokenizes it, so the loader's workers compute packing
-      windows' lengths ahead of the planner (``pl.tokenized``).
+      windows' lengths ahead of the planner (``pl.tokenized``), through ``unknown(indices)``,
+      ``tokenize_ahead(indices, name)`` (in a worker: the lengths, the records handed over as file
+      ``name``), ``learn(indices, lengths)`` and ``drop_handover(name=None)``
+      (:mod:`portable_loader.engine.ahead`). A ``map`` over such a source and a mixture with one
+      among its sources have it too and pass those calls down in their sources' record numbers.
     * ``source_groups()``, ``locate(indices)``, ``schedule_digests(position)``,
       ``schedule_change(saved, position)``: a mixture's sources, which source and record an index
       is, and the schedule checks a state carries; transforms pass them through from their parent.

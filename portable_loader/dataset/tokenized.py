@@ -18,7 +18,13 @@ lengths of recently read records are kept (bounded by ``memo_tokens``). The load
 planner asks for a window's lengths before its records: with worker processes, the workers
 tokenize the windows ahead (:mod:`portable_loader.engine.ahead`), report the lengths to the
 planner and hand the tokens to each other through :class:`~portable_loader.dataset.spill.Spill`
-files; with ``num_workers=0`` the main process tokenizes, and its memo serves the batch.
+files; with ``num_workers=0`` the main process tokenizes, and its memo serves the batch. A ``map``
+or a mixture over this dataset passes those calls down, so its workers tokenize ahead too.
+
+The ``text`` and ``alpaca`` formats load the tokenizer with
+:func:`~portable_loader.tokenize.load_tokenizer_cached`: the backend ``transformers`` built for it
+in an earlier run, read back without importing ``transformers`` (the same ids; the ``chat``
+format's template still renders through ``transformers``).
 
 Example:
     >>> import portable_loader as pl
@@ -132,7 +138,12 @@ class Tokenized(Dataset):
     def _formatter(self):
         fmt = getattr(self, "_fmt", None)
         if fmt is None:
-            fmt = self._fmt = self.record.formatter(self.table.path)
+            tok = None
+            if self.record.format != "chat":  # a chat template renders through transformers
+                from portable_loader.tokenize import load_tokenizer_cached
+
+                tok = load_tokenizer_cached(self.record.tokenizer, self.record.eos_token)
+            fmt = self._fmt = self.record.formatter(self.table.path, tokenizer=tok)
         return fmt
 
     def __getstate__(self):

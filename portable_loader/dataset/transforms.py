@@ -223,6 +223,12 @@ class Map(_Transform):
         self.cheap_lengths = self.keeps_lengths and parent.cheap_lengths
         self.fork_hazard = parent.fork_hazard
         self.filters = parent.filters
+        # Over a source that tokenizes on read, the loader's workers tokenize packing windows ahead
+        # through this map (see the tokenize-ahead methods below).
+        self.tokenizes_ahead = bool(parent.tokenizes_ahead)
+        # The lengths of fn's records, once known: without keeps_lengths they are not the parent's,
+        # and each one costs a tokenization and a call of fn. 8 bytes a record, made on first use.
+        self._lengths: np.ndarray | None = None
 
     @property
     def shard_rows(self) -> list[int] | None:
@@ -241,10 +247,77 @@ class Map(_Transform):
         return out
 
     def lengths(self, indices) -> np.ndarray:
-        return self.parent.lengths(within(self.parent, indices)) if self.keeps_lengths else super().lengths(indices)
+        if self.keeps_lengths:
+            return self.parent.lengths(within(self.parent, indices))
+        idx = np.asarray(indices, dtype=np.int64).reshape(-1)
+        if not self.tokenizes_ahead or (idx.size and (idx.min() < 0 or idx.max() >= len(self))):
+            return super().lengths(indices)
+        known = self._known()
+        out = known[idx]
+        rest = np.flatnonzero(out < 0)
+        if rest.size:
+            out[rest] = known[idx[rest]] = super().lengths(idx[rest])
+        return out
 
     def accepts(self, indices) -> np.ndarray:
         return self.parent.accepts(within(self.parent, indices))
+
+    # --- tokenizing ahead in the loader's workers (engine/ahead.py), over a tokenizing parent -----
+    # With keeps_lengths a length is the parent's: every call goes to the parent as it is. Without
+    # it, the lengths planned are those of fn's records, so this map keeps its own: a worker
+    # tokenizes through the parent (which hands the tokens over to the other workers), applies fn
+    # and answers the mapped lengths; the main process learns them here, never the parent's.
+
+    def _known(self) -> np.ndarray:
+        if self._lengths is None:
+            self._lengths = np.full(len(self), -1, dtype=np.int64)
+        return self._lengths
+
+    def unknown(self, indices) -> np.ndarray:
+        """The distinct ``indices`` whose length the planner does not know yet, ascending (over a
+        parent that tokenizes ahead: ``pl.tokenized``, or a mixture of it).
+
+        Example:
+            >>> import portable_loader as pl
+            >>> from portable_loader.precache import sample_args
+            >>> ds = pl.tokenized(**sample_args()).map(lambda r: dict(r, input_ids=r["input_ids"][:8]))
+            >>> ds.tokenizes_ahead, ds.unknown([3, 1, 3]).tolist()
+            (True, [1, 3])
+            >>> ds.lengths([1]).tolist(), ds.unknown([3, 1]).tolist()   # fn's record is 8 tokens long
+            ([8], [3])
+        """
+        if self.keeps_lengths:
+            return self.parent.unknown(within(self.parent, indices))
+        idx = np.unique(np.asarray(indices, dtype=np.int64))
+        return idx[self._known()[idx] < 0]
+
+    def tokenize_ahead(self, indices: np.ndarray, name: str) -> np.ndarray:
+        """(In a loader worker) tokenize ``indices`` through the parent, which hands their tokens over
+        as file ``name``, and return the lengths of this map's records.
+
+        Example:
+            >>> import portable_loader as pl
+            >>> from portable_loader.precache import sample_args
+            >>> ds = pl.tokenized(**sample_args()).map(lambda r: dict(r, input_ids=r["input_ids"][:20]))
+            >>> ds.tokenize_ahead(np.array([4, 9]), "w0-p1").tolist()   # the parent's: 34 and 17 tokens
+            [20, 17]
+            >>> ds.drop_handover()
+        """
+        lengths = self.parent.tokenize_ahead(within(self.parent, indices), name)
+        if self.keeps_lengths:
+            return lengths
+        return super().lengths(indices)  # the parent's records are in its memo now: fn only
+
+    def learn(self, indices: np.ndarray, lengths: np.ndarray) -> None:
+        """(In the main process) take lengths a worker computed by :meth:`tokenize_ahead`."""
+        if self.keeps_lengths:
+            self.parent.learn(within(self.parent, indices), lengths)
+        else:
+            self._known()[np.asarray(indices, dtype=np.int64)] = lengths
+
+    def drop_handover(self, name: str | None = None) -> None:
+        """Remove the parent's hand-over file ``name``, or all of them (``None``)."""
+        self.parent.drop_handover(name)
 
     def _with_parent(self, parent: Dataset) -> "Map":
         return Map(parent, self.fn, name=self.name, keeps_lengths=self.keeps_lengths)
