@@ -49,6 +49,10 @@ class StepPlans:
         """Stream positions in a finite stream (epochs x records); None when endless."""
         return self.planner.total
 
+    def records(self, lo: int, hi: int) -> np.ndarray:
+        """The record indices at stream positions ``[lo, hi)`` (what a block of positions reads)."""
+        return self.planner.records(lo, hi)
+
     def next(self) -> tuple[list, Cursor] | None:
         planned = self.planner.step(self.cursor)
         if planned is None:

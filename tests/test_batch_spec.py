@@ -89,7 +89,7 @@ def test_lengths_ahead_announces_every_length_the_next_step_reads(lengths, seq_l
         announced = set()
         try:
             for lo, hi in plans.lengths_ahead():
-                announced.update(planner.records(lo, hi).tolist())
+                announced.update(plans.records(lo, hi).tolist())
             planned = plans.next()
         except pl.FilterError:
             return  # the filter rejects too much: the planner says so, whatever was announced

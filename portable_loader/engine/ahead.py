@@ -92,7 +92,7 @@ class Ahead:
             b = self._next
             lo = b * w
             hi = lo + w if total is None else min(lo + w, total)
-            todo = self.source.unknown(self.plans.planner.records(lo, hi))
+            todo = self.source.unknown(self.plans.records(lo, hi))
             parts = []
             for j, part in enumerate(np.array_split(todo, self.workers)):
                 if part.size:

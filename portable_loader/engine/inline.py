@@ -26,8 +26,7 @@ from __future__ import annotations
 import numpy as np
 
 from portable_loader.collate import FIELDS, check_token_records, collate, collate_spans
-from portable_loader.plan import Cursor
-from portable_loader.step_plans import StepPlans
+from portable_loader.step_plans import Cursor, StepPlans
 
 __all__ = ["InlineEngine", "build_batch"]
 
