@@ -110,3 +110,51 @@ def test_pack_equals_a_plain_best_fit_decreasing(lengths, seq_len, overlong):
     indices = [7 * i + 3 for i in range(len(lengths))]
     got = C.pack(np.asarray(indices, dtype=np.int64), np.asarray(lengths, dtype=np.int64), seq_len, overlong)
     assert got == reference_pack(indices, lengths, seq_len, overlong)
+
+
+def as_spans(records):
+    """``Spans`` over ``records`` (two buffers, records alternating between them), and record -> entry."""
+    from portable_loader.cache.readers import Spans
+
+    keys = sorted(records)
+    ids, masks, buf, ids_at, mask_at = [b"", b""], [b"", b""], [], [], []
+    for k in keys:
+        b = k % 2
+        buf.append(b)
+        ids_at.append(len(ids[b]))
+        mask_at.append(len(masks[b]))
+        ids[b] += records[k]["input_ids"].astype(np.int32).tobytes()
+        masks[b] += records[k]["loss_mask"].astype(np.uint8).tobytes()
+    spans = Spans([memoryview(x) for x in ids], [memoryview(x) for x in masks], buf, ids_at, mask_at,
+                  [records[k]["input_ids"].size for k in keys])
+    return spans, {k: e for e, k in enumerate(keys)}
+
+
+@settings(max_examples=200, deadline=None)
+@given(batch=batches(), pad_id=st.integers(0, 5), some=st.sets(st.sampled_from(C.FIELDS[1:]), min_size=0))
+def test_collate_spans_matches_the_reference_for_every_field_set(batch, pad_id, some):
+    # All five fields take their own loop (the packed default); any other set, the general one.
+    rows, records, seq_len = batch
+    spans, where = as_spans(records)
+    want = reference(rows, records, seq_len, pad_id)
+    for fields in (["input_ids", "attention_mask", *some], list(C.FIELDS)):
+        out = C.collate_spans(rows, spans, where, seq_len, pad_id, fields)
+        assert set(out) == set(fields)
+        for k in fields:
+            assert np.array_equal(out[k], want[k]), k
+            assert out[k].dtype == (np.int32 if k in ("input_ids", "segment_ids", "positions") else np.uint8)
+
+
+def test_collate_spans_rows_of_more_pieces_than_the_segment_runs():
+    # Past _RUN_MAX pieces in a row, segment numbers come from numpy's fill instead of a ready run.
+    n = C._RUN_MAX + 6
+    records = {i: {"input_ids": np.array([i + 1]), "loss_mask": np.array([i % 2])} for i in range(n)}
+    rows = [[(i, 0, 1) for i in range(n)], [(0, 0, 1)]]
+    spans, where = as_spans(records)
+    for fields in (C.FIELDS, ("input_ids", "segment_ids")):
+        out = C.collate_spans(rows, spans, where, n + 2, 0, fields)
+        want = reference(rows, records, n + 2, 0)
+        assert all(np.array_equal(out[k], want[k]) for k in fields)
+    assert out["segment_ids"][0, :n].tolist() == list(range(1, n + 1))
+    with pytest.raises(ValueError, match="does not fit seq_len"):
+        C.collate_spans(rows, spans, where, n - 1, 0, C.FIELDS)

@@ -91,6 +91,30 @@ def _take(it, k):
     return [next(it) for _ in range(k)]
 
 
+@pytest.mark.parametrize("packing", [False, True])
+@pytest.mark.parametrize("async_collation", [False, True])
+def test_batches_held_are_their_own_and_equal_the_numpy_loaders_bit_for_bit(tmp_path, packing, async_collation):
+    # Over a cache (the spans path: the packed default's five-field loop) and over records.
+    from conftest import SAMPLE
+
+    cache = pl.open_cache(pl.precache(str(SAMPLE / "sample_chat.jsonl"), tokenizer=str(SAMPLE / "tokenizer"),
+                                      format="chat", out=str(tmp_path / "cache")))
+    for src in (cache, make_source(30)):
+        kw = dict(packing=packing, num_epochs=2, seq_len=64)
+        want = list(iter(loader(src, **kw)))
+        with TorchLoader(loader(src, **kw), device="cpu", async_collation=async_collation) as tl:
+            held = [(b, {k: v.clone() for k, v in b.items()}) for b in tl]  # a copy as each is received
+        assert len(held) == len(want) > 4
+        for (batch, at_receipt), w in zip(held, want):
+            assert list(batch) == list(w)
+            for k, t in batch.items():
+                # Unchanged by the batches taken after it: no buffer is reused under a batch held.
+                assert torch.equal(t, at_receipt[k]) and t.is_contiguous()
+                assert t.numpy().dtype == w[k].dtype and np.array_equal(t.numpy(), w[k])
+        tensors = [t for batch, _ in held for t in batch.values()]
+        assert len({t.data_ptr() for t in tensors}) == len(tensors)  # every field of every batch its own memory
+
+
 def test_hf_fields_against_a_per_token_oracle():
     b = next(iter(loader(make_source(40), packing=True, seq_len=48)))
     got = hf_fields(b)
