@@ -88,12 +88,12 @@ class InlineEngine:
         spec = self.spec
         if self._spans is None:
             return build_batch(self.source, rows, spec.seq_len, spec.pad_id, spec.fields), cursor
-        if spec.packing:
+        if spec.packing and self._trim is None:
             return self._packed(rows, before.window, cursor), cursor
         if self._ahead is not None:
             try:
                 return collate_spans(rows, *self._ahead, spec.seq_len, spec.pad_id, spec.fields), cursor
-            except KeyError:  # a record not read ahead: this step opens the next chunk
+            except KeyError:  # a record not read ahead: this step opens the next chunk (or window)
                 pass
         now = np.asarray(_records_of(rows), dtype=np.int64)
         ahead = self.plans.upcoming()
@@ -110,20 +110,19 @@ class InlineEngine:
         A window is read ahead by itself once a step ends inside it: the planner has just sized
         it through the source's ``lengths``, and a cache keeps the spans it answered that from,
         so its records are located once. A step that crosses into it (or follows a skip) reads
-        its own records.
+        its own records. (A remote cache goes the padded way: a miss reads the step's records and
+        what its ``cache_limit`` holds of the window's, narrowed again at each miss as shards arrive.)
         """
         spec = self.spec
         last = after.window if after.row else after.window - 1  # the window of the step's last row
         if after.row and self._window != after.window:
             ahead = self.plans.upcoming()
-            if self._trim is not None:  # a remote cache: read ahead only what its cache_limit holds
-                ahead = self._trim(np.asarray(_records_of(rows), dtype=np.int64), ahead)
             self._ahead = None  # let the old buffers go before the new ones are read
             self._ahead, self._window = (_keyed(ahead, self._spans(ahead)) if ahead.size else None), after.window
         if self._ahead is not None and first == last == self._window:
             try:
                 return collate_spans(rows, *self._ahead, spec.seq_len, spec.pad_id, spec.fields)
-            except KeyError:  # (a remote cache's read-ahead held fewer records, or a skip moved the step)
+            except KeyError:  # (a skip moved the step)
                 pass
         now = np.asarray(_records_of(rows), dtype=np.int64)
         return collate_spans(rows, *_keyed(now, self._spans(now)), spec.seq_len, spec.pad_id, spec.fields)
