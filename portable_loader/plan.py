@@ -137,7 +137,7 @@ class Planner:
         # each step's counts get "sources", its records and tokens per source (see _by_source).
         self.groups = None if groups is None else np.asarray(groups, dtype=np.int64)
         self._group_list = [] if groups is None else self.groups.tolist()
-        self._window_counts: dict[int, tuple[np.ndarray, np.ndarray]] = {}  # see _window_sources
+        self._window_counts: dict[int, np.ndarray] = {}  # see _window_sources
         # Padding: read lengths for the per-source token counts even where they cost a read (several
         # hosts: no host's batch holds every row).
         self.count_lengths = count_lengths
@@ -482,20 +482,21 @@ class Planner:
                     heads -= sum(1 for row in window[lo:hi] for p in row if p[1])
             self.counts[cur.step]["sources"] = ([heads], None, None)
         elif self.groups is not None:  # from each window's running counts: O(sources) a step
-            records = tokens = 0
+            both = 0
             for w_, window, lo, hi, _ in segments:
-                rec, tok = self._window_sources(w_, window)
-                records = records + rec[hi] - rec[lo]
-                tokens = tokens + tok[hi] - tok[lo]
-            self.counts[cur.step]["sources"] = (records.tolist(), tokens.tolist(), None)
+                running = self._window_sources(w_, window)
+                both = both + running[hi] - running[lo]
+            both, k = both.tolist(), self.groups.size - 1
+            self.counts[cur.step]["sources"] = (both[:k], both[k:], None)
         return rows + [[] for _ in range(batch - len(rows))], Cursor(cur.step + 1, w, r, cur.samples + batch)
 
-    def _window_sources(self, w: int, window: list) -> tuple[np.ndarray, np.ndarray]:
-        """Window ``w``'s running per-source counts in serving order: row ``j`` of each is what its
-        rows before ``j`` hold (records: pieces that start a record; tokens), computed once a window."""
+    def _window_sources(self, w: int, window: list) -> np.ndarray:
+        """Window ``w``'s running per-source counts in serving order: row ``j`` is what its rows
+        before ``j`` hold, records (pieces that start a record) per source, then tokens per source;
+        computed once a window (one row difference a step: one numpy call, not four)."""
         got = self._window_counts.get(w)
         if got is None:
-            got = _running_counts(self.groups, window)
+            got = np.concatenate(_running_counts(self.groups, window), axis=1)
             if len(self._window_counts) >= 2:
                 self._window_counts.pop(next(iter(self._window_counts)))
             self._window_counts[w] = got
