@@ -36,8 +36,13 @@ import statistics
 import sys
 import tempfile
 import time
+import warnings
 
 import numpy as np
+
+# torchdata 0.11 calls torch.set_vital, deprecated in torch 2.13: a warning per iterator, with a path
+# of this machine, in every log.
+warnings.filterwarnings("ignore", message="'set_vital' is deprecated")
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "scripts"))
