@@ -4,12 +4,14 @@ bundled sample cache, 8 x 256; a range in ``skip_batches`` and ``it.skip`` on a 
     .venv/bin/python scripts/bench_skip.py
 """
 
+import tempfile
 import time
 
 import portable_loader as pl
 from portable_loader.precache import sample_args
 
-src = pl.open_cache(pl.precache(**sample_args(), out="cache"))
+work = tempfile.TemporaryDirectory()  # not the working folder: bench_all.sh runs from the checkout
+src = pl.open_cache(pl.precache(**sample_args(), out=work.name))
 for packing in (False, True):
     kw = dict(global_batch_size=8, seq_len=256, packing=packing, seed=0)
     with iter(pl.DataLoader(src, skip_batches=[(10, 10 + 10**5)], **kw)) as it:
