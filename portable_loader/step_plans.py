@@ -34,6 +34,21 @@ class StepPlans:
 
     ``cursor`` is where the next step starts; ``next()`` returns ``(rows, cursor after the step)``
     or None at the end of a finite stream.
+
+    Example:
+        >>> import numpy as np
+        >>> from portable_loader.batch_spec import BatchSpec, as_schedule
+        >>> from portable_loader.dataset import source
+        >>> ds = source([{"input_ids": np.arange(n)} for n in (9, 3, 4, 12)])
+        >>> spec = BatchSpec(as_schedule(2), seq_len=8, packing=True, overlong="split", num_epochs=1)
+        >>> plans = StepPlans(spec, spec.planner(ds, spec.order(ds)), Cursor(0, 0, 0))
+        >>> list(plans.lengths_ahead())     # the next step packs window 0: positions 0..3
+        [(0, 4)]
+        >>> steps = []
+        >>> while (planned := plans.next()) is not None:
+        ...     steps.append(planned[0])
+        >>> sum(end - start for rows in steps for row in rows for _, start, end in row)   # every token once
+        28
     """
 
     def __init__(self, spec, planner: Planner, cursor: Cursor):
