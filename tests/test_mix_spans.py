@@ -218,3 +218,39 @@ def test_a_mixture_of_remote_caches_under_a_limit_equals_local_copies(remote, pa
     same(got, want)
     for s in srcs.values():
         s.close()
+
+
+@pytest.fixture(scope="module")
+def one_batch_caches(tmp_path_factory):
+    """Twelve small Arrow caches, each one shard of one record batch (what a mixture locates with a
+    numpy gather per source), with random tokens and masks."""
+    from portable_loader.cache import FORMAT_VERSION, ShardWriter, write_manifest
+
+    base, out = tmp_path_factory.mktemp("one-batch"), {}
+    for s in range(12):
+        rng, path, n = np.random.default_rng(100 + s), base / f"s{s:02d}", 20 + 5 * s
+        path.mkdir()
+        w = ShardWriter(str(path / "data-00000-of-00001.arrow"), "arrow")
+        for _ in range(n):
+            k = int(rng.integers(0, 90))
+            w.write(rng.integers(0, 2**31 - 1, k, dtype=np.int32), rng.integers(0, 2, k, dtype=np.uint8))
+        counts = {"rows_in": n, "rows_out": n, "dropped": {}, "truncated": 0, "tokens": 0, "trainable_tokens": 0}
+        write_manifest(str(path), {"format_version": FORMAT_VERSION, "backend": "arrow", "key": f"{s:064d}",
+                                   "counts": counts, "content_checksum": "", "shards": [w.close()]})
+        out[f"s{s:02d}"] = pl.open_cache(str(path))
+    return out
+
+
+@settings(max_examples=25, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck))
+@given(data=st.data())
+def test_many_one_batch_sources_locate_each_record_where_it_lies(one_batch_caches, data):
+    m = pl.mix(one_batch_caches, {name: 1 + k % 3 for k, name in enumerate(one_batch_caches)})
+    n = len(m)
+    idx = np.array(data.draw(st.lists(st.integers(0, n - 1), min_size=65, max_size=700)), dtype=np.int64)
+    sp = m.spans(idx)
+    assert sp.length == m.lengths(idx).tolist()
+    for k, i in enumerate(idx.tolist()):
+        ids = np.frombuffer(sp.ids[sp.buf[k]][sp.ids_at[k]:][: 4 * sp.length[k]], np.int32)
+        mask = np.frombuffer(sp.masks[sp.buf[k]][sp.mask_at[k]:][: sp.length[k]], np.uint8)
+        record = m[i]
+        assert np.array_equal(ids, record["input_ids"]) and np.array_equal(mask, record["loss_mask"])

@@ -114,6 +114,7 @@ class Mix(Dataset):
         self.tokenizes_ahead = any(c.tokenizes_ahead for c in children)
         self._spans_ok = all(c.spans is not None for c in children)
         self._span_at: tuple | None = None  # see _span_readers
+        self._flat: tuple | None = None  # see _one_batch_offsets
         self._sized: tuple[np.ndarray, Spans] | None = None  # (records, their Spans) of the last large call
 
     # --- the schedule ---------------------------------------------------------------------------
@@ -359,12 +360,27 @@ class Mix(Dataset):
             bad = int(idx[(idx < 0) | (idx >= len(self))][0])
             raise IndexError(f"mixture index {bad} is out of range [0, {len(self)})")
         src = np.searchsorted(self.offsets, idx, side="right") - 1
+        flat = self._one_batch_offsets(at)
+        if flat is not None and idx.size > _FEW:
+            return _spans_by_source(flat, src, idx - self.offsets[src])
         ids, masks, ids_at, mask_at, length = zip(*[at[i](r) for i, r in zip(src.tolist(), (idx - self.offsets[src]).tolist())])
         index: dict[int, int] = {}  # id of a buffer -> its number, in the order first met
         buf = [index.setdefault(id(a), len(index)) for a in ids]
         first = {id(a): (a, m) for a, m in zip(ids, masks)}  # the same order as ``index``
         return Spans([a for a, _ in first.values()], [m for _, m in first.values()], buf, list(ids_at),
                      list(mask_at), list(length))
+
+    def _one_batch_offsets(self, at: list) -> list | None:
+        """Each source's ``(ids buffer, mask buffer, offsets)`` where every source is an Arrow cache
+        written in one record batch (a window's records then locate in a numpy gather per source,
+        not a ``span_at`` call per record); else None."""
+        got = self._flat
+        if got is None or got[0] is not self.children:
+            readers = [getattr(a, "__self__", None) for a in at]
+            one = all(r is not None and len(getattr(r, "_offsets", ())) == 1 for r in readers)
+            flat = [(r._ids_bytes[0], r._mask_bytes[0], r._offsets[0]) for r in readers] if one else None
+            got = self._flat = (self.children, flat)
+        return got[1]
 
     def _span_readers(self) -> tuple[list, bool]:
         """(each source's ``span_at`` where it is a local Arrow cache, else None; whether every source
@@ -568,12 +584,12 @@ class Mix(Dataset):
     def reopen(self) -> "Mix":
         clone = copy.copy(self)
         clone.children = tuple(c.reopen() for c in self.children)
-        clone._span_at = clone._sized = None  # the spans kept point into the old readers' maps
+        clone._span_at = clone._sized = clone._flat = None  # the spans kept point into the old readers' maps
         return clone
 
     def __getstate__(self):  # to a spawned worker: the spans kept are memoryviews of this process's maps
         state = dict(self.__dict__)
-        state["_sized"] = state["_span_at"] = None
+        state["_sized"] = state["_span_at"] = state["_flat"] = None
         return state
 
     def mean_length(self) -> Fraction:
@@ -659,3 +675,34 @@ def _spans_at(span_at, records: list[int]) -> Spans:
     seen = {id(a): (a, m) for a, m in zip(ids, masks)}  # in the order first met, as ``index`` numbers them
     ids, masks = [a for a, _ in seen.values()], [m for _, m in seen.values()]
     return Spans(ids, masks, buf, list(ids_at), list(mask_at), list(length))
+
+
+def _spans_by_source(flat: list, src: np.ndarray, local: np.ndarray) -> Spans:
+    """``Spans`` of records ``local[k]`` of source ``src[k]``, each source an Arrow cache of one
+    record batch (``flat[i]``: its ids and mask buffers and its offsets): one stable sort, then a
+    gather per source present; entries stay in the order asked.
+
+    Example:
+        >>> ids = memoryview(np.arange(6, dtype=np.int32).view(np.uint8)); masks = memoryview(np.ones(6, np.uint8))
+        >>> flat = [(ids, masks, np.array([0, 2, 6])), (ids, masks, np.array([0, 1]))]
+        >>> sp = _spans_by_source(flat, np.array([0, 1, 0]), np.array([1, 0, 0]))
+        >>> sp.buf, sp.mask_at, sp.length
+        ([0, 1, 0], [2, 0, 0], [4, 1, 2])
+    """
+    order = np.argsort(src, kind="stable")
+    ordered = src[order]
+    edges = [0, *(np.flatnonzero(ordered[1:] != ordered[:-1]) + 1).tolist(), src.size]
+    first = np.empty(src.size, dtype=np.int64)
+    end = np.empty(src.size, dtype=np.int64)
+    buf = np.empty(src.size, dtype=np.int64)
+    ids, masks = [], []
+    for k, (a, b) in enumerate(zip(edges, edges[1:])):
+        sel = order[a:b]
+        i_buf, m_buf, offsets = flat[int(ordered[a])]
+        j = local[sel]
+        first[sel] = offsets[j]
+        end[sel] = offsets[j + 1]
+        buf[sel] = k
+        ids.append(i_buf)
+        masks.append(m_buf)
+    return Spans(ids, masks, buf.tolist(), (4 * first).tolist(), first.tolist(), (end - first).tolist())
