@@ -114,7 +114,7 @@ class Mix(Dataset):
         self.tokenizes_ahead = any(c.tokenizes_ahead for c in children)
         self._spans_ok = all(c.spans is not None for c in children)
         self._span_at: tuple | None = None  # see _span_readers
-        self._flat: tuple | None = None  # see _one_batch_offsets
+        self._one_batch: tuple | None = None  # see _one_batch_offsets
         self._sized: tuple[np.ndarray, Spans] | None = None  # (records, their Spans) of the last large call
 
     # --- the schedule ---------------------------------------------------------------------------
@@ -363,23 +363,18 @@ class Mix(Dataset):
         flat = self._one_batch_offsets(at)
         if flat is not None and idx.size > _FEW:
             return _spans_by_source(flat, src, idx - self.offsets[src])
-        ids, masks, ids_at, mask_at, length = zip(*[at[i](r) for i, r in zip(src.tolist(), (idx - self.offsets[src]).tolist())])
-        index: dict[int, int] = {}  # id of a buffer -> its number, in the order first met
-        buf = [index.setdefault(id(a), len(index)) for a in ids]
-        first = {id(a): (a, m) for a, m in zip(ids, masks)}  # the same order as ``index``
-        return Spans([a for a, _ in first.values()], [m for _, m in first.values()], buf, list(ids_at),
-                     list(mask_at), list(length))
+        return _joined([at[i](r) for i, r in zip(src.tolist(), (idx - self.offsets[src]).tolist())])
 
     def _one_batch_offsets(self, at: list) -> list | None:
         """Each source's ``(ids buffer, mask buffer, offsets)`` where every source is an Arrow cache
         written in one record batch (a window's records then locate in a numpy gather per source,
         not a ``span_at`` call per record); else None."""
-        got = self._flat
+        got = self._one_batch
         if got is None or got[0] is not self.children:
             readers = [getattr(a, "__self__", None) for a in at]
             one = all(r is not None and len(getattr(r, "_offsets", ())) == 1 for r in readers)
             flat = [(r._ids_bytes[0], r._mask_bytes[0], r._offsets[0]) for r in readers] if one else None
-            got = self._flat = (self.children, flat)
+            got = self._one_batch = (self.children, flat)
         return got[1]
 
     def _span_readers(self) -> tuple[list, bool]:
@@ -584,12 +579,12 @@ class Mix(Dataset):
     def reopen(self) -> "Mix":
         clone = copy.copy(self)
         clone.children = tuple(c.reopen() for c in self.children)
-        clone._span_at = clone._sized = clone._flat = None  # the spans kept point into the old readers' maps
+        clone._span_at = clone._sized = clone._one_batch = None  # the spans kept point into the old readers' maps
         return clone
 
     def __getstate__(self):  # to a spawned worker: the spans kept are memoryviews of this process's maps
         state = dict(self.__dict__)
-        state["_sized"] = state["_span_at"] = state["_flat"] = None
+        state["_sized"] = state["_span_at"] = state["_one_batch"] = None
         return state
 
     def mean_length(self) -> Fraction:
@@ -662,19 +657,23 @@ def _spans_at(span_at, records: list[int]) -> Spans:
         >>> _spans_at(chat.span_at, [5, 0]).length == chat.spans([5, 0]).length
         True
     """
-    if not records:
+    return _joined([span_at(r) for r in records])
+
+
+def _joined(located: list) -> Spans:
+    """One :class:`Spans` of records each located on its own (``span_at``'s ``(ids buffer, mask
+    buffer, ids_at, mask_at, length)``), each buffer listed once, numbered in the order first met."""
+    if not located:
         return Spans([], [], [], [], [], [])
-    ids, masks, ids_at, mask_at, length = zip(*[span_at(r) for r in records])
+    ids, masks, ids_at, mask_at, length = zip(*located)
     first = ids[0]
     if all(a is first for a in ids):  # one shard batch (up to 65,536 records a cache): one buffer
-        return Spans([first], [masks[0]], [0] * len(records), list(ids_at), list(mask_at), list(length))
+        return Spans([first], [masks[0]], [0] * len(ids), list(ids_at), list(mask_at), list(length))
     index: dict[int, int] = {}  # id of a buffer -> its number here
-    for a in ids:
-        index.setdefault(id(a), len(index))
-    buf = [index[id(a)] for a in ids]
+    buf = [index.setdefault(id(a), len(index)) for a in ids]
     seen = {id(a): (a, m) for a, m in zip(ids, masks)}  # in the order first met, as ``index`` numbers them
-    ids, masks = [a for a, _ in seen.values()], [m for _, m in seen.values()]
-    return Spans(ids, masks, buf, list(ids_at), list(mask_at), list(length))
+    return Spans([a for a, _ in seen.values()], [m for _, m in seen.values()], buf, list(ids_at),
+                 list(mask_at), list(length))
 
 
 def _spans_by_source(flat: list, src: np.ndarray, local: np.ndarray) -> Spans:
