@@ -99,6 +99,21 @@ def join_spans(n: int, parts: Sequence[tuple[Sequence[int], Spans]]) -> Spans:
     return Spans(ids, masks, *(list(pick(values)) for values in fields))
 
 
+def kept_spans(sized: tuple | None, indices) -> Spans | None:
+    """The ``Spans`` of ``sized = (records, spans)`` when ``indices`` are those very records, else
+    None: a reader that answered a window's ``lengths`` from its spans serves the read that follows.
+
+    Example:
+        >>> sized = (np.array([4, 9]), Spans([], [], [0, 0], [0, 8], [0, 2], [2, 3]))
+        >>> kept_spans(sized, np.array([4, 9])).length, kept_spans(sized, np.array([9, 4]))
+        ([2, 3], None)
+    """
+    if sized is not None and type(indices) is np.ndarray and indices.shape == sized[0].shape \
+            and np.array_equal(indices, sized[0]):
+        return sized[1]
+    return None
+
+
 class _CacheSource:
     """Random access to records; Grain's ``RandomAccessDataSource`` protocol plus batched reads."""
 
@@ -309,10 +324,9 @@ class ArrowCacheSource(_CacheSource):
             >>> src.spans([0, 5]).length
             [23, 34]
         """
-        sized = self._sized
-        if sized is not None and type(indices) is np.ndarray and indices.shape == sized[0].shape \
-                and np.array_equal(indices, sized[0]):
-            return sized[1]
+        kept = kept_spans(self._sized, indices)
+        if kept is not None:
+            return kept
         idx = self._indices(indices)
         if idx.size <= _FEW:
             segs, local = self._locate(idx)

@@ -33,7 +33,7 @@ from typing import Mapping, Sequence
 
 import numpy as np
 
-from portable_loader.cache.readers import Spans, join_spans
+from portable_loader.cache.readers import Spans, join_spans, kept_spans
 from portable_loader.dataset.base import Dataset, digest
 from portable_loader.dataset.order import MixOrder, Stage, name_key
 
@@ -325,10 +325,9 @@ class Mix(Dataset):
         return self._spans if self._spans_ok else None
 
     def _spans(self, indices) -> Spans:
-        sized = self._sized
-        if sized is not None and type(indices) is np.ndarray and indices.shape == sized[0].shape \
-                and np.array_equal(indices, sized[0]):
-            return sized[1]  # the records of the last large call: a window sized, then read
+        kept = kept_spans(self._sized, indices)  # the records of the last large call: a window sized, then read
+        if kept is not None:
+            return kept
         at, local = self._span_readers()
         spans = self._located(at, indices)
         if local and type(indices) is np.ndarray and indices.size > _FEW:
