@@ -335,7 +335,6 @@ def collate_spans(
     return {name: values.reshape(n, seq_len) for name, values in flat.items()}
 
 
-
 def _fill_all(rows, spans, where, seq_len, ids8, lm, att, seg, pos, ones, runs, ramp, segment_ids) -> None:
     """``collate_spans``' loop for all five fields, the packed default.
 
