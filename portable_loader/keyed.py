@@ -39,10 +39,11 @@ Example:
 from __future__ import annotations
 
 import numbers
+from typing import Sequence
 
 import numpy as np
 
-__all__ = ["FEW", "MASK64", "KeyedPermutation", "as_int64", "check_int", "epoch_position", "keep",
+__all__ = ["FEW", "MASK64", "KeyedPermutation", "as_int64", "check_int", "epoch_position", "keep", "permute_many",
            "shard_epoch_length", "splitmix64", "subkey"]
 
 #: Keys and seeds are 64-bit: ``seed`` in ``[0, MASK64]``.
@@ -51,6 +52,7 @@ _ROUNDS = 4  # of the LCG step and xorshift per application of the mixer
 #: Up to this many positions a permutation maps in Python integers: a dozen numpy calls on a
 #: 3-element array cost ten times the arithmetic.
 FEW = 24
+_FEW_PERMS = 8  # permute_many calls each of up to this many permutations on its own positions
 # Work in blocks that stay in L2 cache: each round is a handful of in-place passes over the block.
 _BLOCK = 1 << 15
 _EPOCH_SALT = 0x5EED_0F_E90C  # keeps the epoch keys apart from every other family of subkeys
@@ -288,3 +290,70 @@ def keep(cache: dict, key, value, limit: int):
             pass
     cache[key] = value
     return value
+
+
+def permute_many(perms: Sequence[KeyedPermutation], which: np.ndarray | None, x: np.ndarray) -> np.ndarray:
+    """``perms[which[j]](x[j])`` for every ``j`` (``which`` None: ``x`` has a row per permutation):
+    ``KeyedPermutation.__call__`` with each position's own keys, the same 64-bit numpy arithmetic
+    (mixer, then cycle walking), so the same values.
+
+    Example:
+        >>> perms = [KeyedPermutation(10, seed=1), KeyedPermutation(300, seed=2, epoch=4)]
+        >>> x, which = np.arange(40), np.arange(40) % 2
+        >>> got = permute_many(perms, which, x % 10)
+        >>> got.tolist() == [perms[w].one(v) for w, v in zip(which.tolist(), (x % 10).tolist())]
+        True
+        >>> permute_many(perms, None, np.array([[0, 1], [2, 3]])).tolist() == [[perms[0].one(0), perms[0].one(1)],
+        ...                                                                   [perms[1].one(2), perms[1].one(3)]]
+        True
+        >>> many = [KeyedPermutation(5 + 7 * k, seed=k, epoch=k % 3) for k in range(12)]   # keys gathered per position
+        >>> which = np.arange(200) % 12
+        >>> got = permute_many(many, which, np.arange(200) % 5)
+        >>> got.tolist() == [many[w].one(v) for w, v in zip(which.tolist(), (np.arange(200) % 5).tolist())]
+        True
+    """
+    if which is not None and len(perms) <= _FEW_PERMS:
+        # A few permutations (a mixture of a few sources): each one's positions, sorted together,
+        # go through its own call with scalar keys, cheaper than gathering keys per position.
+        which = np.asarray(which, dtype=np.int64).reshape(-1)
+        order = np.argsort(which.astype(np.uint16), kind="stable")  # by radix
+        bounds = np.searchsorted(which[order], np.arange(len(perms) + 1)).tolist()
+        xs = np.asarray(x, dtype=np.int64).reshape(-1)[order].view(np.uint64)
+        out = np.empty(xs.size, dtype=np.int64)
+        for perm, a, b in zip(perms, bounds, bounds[1:]):
+            if b > a:
+                out[order[a:b]] = perm(xs[a:b])
+        return out.reshape(np.shape(x))
+    rows = []  # per permutation: n, mask, whitening key, pre-multiplier, a per round, c per round, shift
+    for perm in perms:
+        mask, white, premult, rounds, shift = perm._numpy_keys()
+        rows.append([perm.n, mask, white, premult, *(a for a, _ in rounds), *(c for _, c in rounds), shift])
+    keys = np.array(rows, dtype=np.uint64).T  # one row per key, one column per permutation
+    rounds = (keys.shape[0] - 5) // 2
+    shape = np.shape(x)
+    if which is None:  # a row per permutation: its keys broadcast along it (no gather)
+        which = np.repeat(np.arange(len(perms)), shape[1] if len(shape) > 1 else 1)
+        first = keys[:, :, None]
+    else:
+        which = np.asarray(which, dtype=np.int64).reshape(-1)
+        first = keys[:, which].reshape((keys.shape[0],) + shape)
+    x = np.array(x, dtype=np.uint64)
+    todo = None  # every position in the first pass; then those still >= n (cycle walking)
+    while True:
+        key = first if todo is None else keys[:, which[todo]]
+        cur = x if todo is None else x[todo]
+        cur ^= key[2]
+        cur *= key[3]
+        for r in range(rounds):
+            cur *= key[4 + r]
+            cur += key[4 + rounds + r]
+            cur &= key[1]
+            cur ^= cur >> key[4 + 2 * rounds]
+        again = np.flatnonzero(cur >= key[0])
+        if todo is None:
+            x = x.reshape(-1)
+        else:
+            x[todo] = cur
+        if not again.size:
+            return x.view(np.int64).reshape(shape)
+        todo = again if todo is None else todo[again]

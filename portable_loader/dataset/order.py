@@ -30,7 +30,7 @@ from typing import NamedTuple, Sequence
 import numpy as np
 
 from portable_loader.errors import PositionOutOfRange
-from portable_loader.keyed import KeyedPermutation, keep, splitmix64, subkey
+from portable_loader.keyed import KeyedPermutation, keep, permute_many, splitmix64, subkey
 from portable_loader.sampler import LCGSampler
 
 __all__ = ["MixOrder", "Stage", "hamilton", "name_key"]
@@ -42,7 +42,6 @@ KEPT_ONLINE = 3
 _CACHED_BLOCKS = 64
 _CACHED_ORDERS = 16  # block orders kept: a block of 256 serves 32 steps of 8
 _FEW = 24  # up to this many positions are looked up in Python integers (numpy calls cost more)
-_FEW_PERMS = 8  # _permute calls each of up to this many permutations on its own positions
 _VECTOR_BLOCKS = 4  # a lookup meeting this many blocks builds them together (MixOrder._many_blocks)
 
 
@@ -201,7 +200,7 @@ class MixOrder:
         256; one by one, their counts, permutations and ranks cost 1 ms with 60 sources).
 
         The same values as block by block: the counts by :func:`_hamiltons`, the slots by each
-        block's own ``KeyedPermutation`` (:func:`_permute`), and each source's draws ranked in slot
+        block's own ``KeyedPermutation`` (:func:`~portable_loader.keyed.permute_many`), and each source's draws ranked in slot
         order. The last blocks are kept for the lookups that follow (``_few``, ``drawn_before``).
         """
         st = self.stages[k]
@@ -219,7 +218,7 @@ class MixOrder:
         if self.shuffle:
             family = splitmix64(st.start ^ _ONLINE_SALT) if st.online else splitmix64(k ^ _BLOCK_SALT)
             perms = [KeyedPermutation(size, subkey(self.seed, b, family), 0) for b in blocks.tolist()]
-            q = _permute(perms, None, slots).reshape(-1)
+            q = permute_many(perms, None, slots).reshape(-1)
         else:
             q = slots.reshape(-1)
         # The source of value v of block j (the sources' shares lie back to back in value order) is
@@ -411,72 +410,8 @@ def _lcg_records(children: Sequence[LCGSampler], sizes: np.ndarray, src: np.ndar
         return out
     which = slot[group]
     sel = np.flatnonzero(which >= 0)
-    out[sel] = _permute(perms, which[sel], within[sel])
+    out[sel] = permute_many(perms, which[sel], within[sel])
     return out
-
-
-def _permute(perms: Sequence[KeyedPermutation], which: np.ndarray | None, x: np.ndarray) -> np.ndarray:
-    """``perms[which[j]](x[j])`` for every ``j`` (``which`` None: ``x`` has a row per permutation):
-    ``KeyedPermutation.__call__`` with each position's own keys, the same 64-bit numpy arithmetic
-    (mixer, then cycle walking), so the same values.
-
-    Example:
-        >>> perms = [KeyedPermutation(10, seed=1), KeyedPermutation(300, seed=2, epoch=4)]
-        >>> x, which = np.arange(40), np.arange(40) % 2
-        >>> got = _permute(perms, which, x % 10)
-        >>> got.tolist() == [perms[w].one(v) for w, v in zip(which.tolist(), (x % 10).tolist())]
-        True
-        >>> _permute(perms, None, np.array([[0, 1], [2, 3]])).tolist() == [[perms[0].one(0), perms[0].one(1)],
-        ...                                                               [perms[1].one(2), perms[1].one(3)]]
-        True
-    """
-    if which is not None and len(perms) <= _FEW_PERMS:
-        # A few permutations (a mixture of a few sources): each one's positions, sorted together,
-        # go through its own call with scalar keys, cheaper than gathering keys per position.
-        which = np.asarray(which, dtype=np.int64).reshape(-1)
-        order = np.argsort(which.astype(np.uint16), kind="stable")  # by radix
-        bounds = np.searchsorted(which[order], np.arange(len(perms) + 1)).tolist()
-        xs = np.asarray(x, dtype=np.int64).reshape(-1)[order].view(np.uint64)
-        out = np.empty(xs.size, dtype=np.int64)
-        for perm, a, b in zip(perms, bounds, bounds[1:]):
-            if b > a:
-                out[order[a:b]] = perm(xs[a:b])
-        return out.reshape(np.shape(x))
-    rows = []  # per permutation: n, mask, whitening key, pre-multiplier, a per round, c per round, shift
-    for perm in perms:
-        mask, white, _, _, shift = perm.keys
-        d = perm._draws  # the 64-bit keys KeyedPermutation._numpy_keys takes
-        rows.append([perm.n, mask, white, d[1] | 1, *((d[r] & ~3) | 1 for r in range(2, len(d), 2)),
-                     *(d[r + 1] | 1 for r in range(2, len(d), 2)), shift])
-    keys = np.array(rows, dtype=np.uint64).T  # one row per key, one column per permutation
-    rounds = (keys.shape[0] - 5) // 2
-    shape = np.shape(x)
-    if which is None:  # a row per permutation: its keys broadcast along it (no gather)
-        which = np.repeat(np.arange(len(perms)), shape[1] if len(shape) > 1 else 1)
-        first = keys[:, :, None]
-    else:
-        which = np.asarray(which, dtype=np.int64).reshape(-1)
-        first = keys[:, which].reshape((keys.shape[0],) + shape)
-    x = np.array(x, dtype=np.uint64)
-    todo = None  # every position in the first pass; then those still >= n (cycle walking)
-    while True:
-        key = first if todo is None else keys[:, which[todo]]
-        cur = x if todo is None else x[todo]
-        cur ^= key[2]
-        cur *= key[3]
-        for r in range(rounds):
-            cur *= key[4 + r]
-            cur += key[4 + rounds + r]
-            cur &= key[1]
-            cur ^= cur >> key[4 + 2 * rounds]
-        again = np.flatnonzero(cur >= key[0])
-        if todo is None:
-            x = x.reshape(-1)
-        else:
-            x[todo] = cur
-        if not again.size:
-            return x.view(np.int64).reshape(shape)
-        todo = again if todo is None else todo[again]
 
 
 def _hamiltons(nums: Sequence[int], den: int, totals: Sequence[int]) -> np.ndarray:
