@@ -137,3 +137,14 @@ def test_a_spec_built_by_hand_plans_the_loaders_stream():
     theirs = StepPlans(loader.spec, loader.planner(), Cursor(0, 0, 0))
     for _ in range(12):
         assert mine.next() == theirs.next()
+
+
+def test_only_a_window_sized_lengths_call_keeps_its_spans(cache, monkeypatch):
+    from portable_loader.cache import readers
+
+    src = pl.open_cache(cache.path)
+    monkeypatch.setattr(readers, "KEEP_SPANS_MAX", 100)
+    want = [len(src[i]["input_ids"]) for i in range(500)]
+    assert src.lengths(np.arange(500)).tolist() == want and src._sized is None  # a whole-cache call keeps nothing
+    assert src.lengths(np.arange(80)).tolist() == want[:80] and src._sized is not None
+    assert src.spans(np.arange(80)) is src._sized[1]

@@ -99,6 +99,12 @@ def join_spans(n: int, parts: Sequence[tuple[Sequence[int], Spans]]) -> Spans:
     return Spans(ids, masks, *(list(pick(values)) for values in fields))
 
 
+#: The most records a ``lengths`` call answers from their spans and keeps them (a loader's packing
+#: window or chunk of positions): a larger call (a whole cache's lengths) goes the vectorized way,
+#: without building and keeping a Python list entry per record.
+KEEP_SPANS_MAX = 1 << 14
+
+
 def kept_spans(sized: tuple | None, indices) -> Spans | None:
     """The ``Spans`` of ``sized = (records, spans)`` when ``indices`` are those very records, else
     None: a reader that answered a window's ``lengths`` from its spans serves the read that follows.
@@ -356,8 +362,9 @@ class ArrowCacheSource(_CacheSource):
     def lengths(self, indices: Sequence[int] | np.ndarray) -> np.ndarray:
         """Token counts of records, vectorized (what a packer needs before it reads anything).
 
-        Many records at once (a loader's packing window or chunk) are answered from their spans,
-        kept for a ``spans`` call with the same records: the loader reads them next.
+        Many records at once, up to ``KEEP_SPANS_MAX`` (a loader's packing window or chunk), are
+        answered from their spans, kept for a ``spans`` call with the same records: the loader reads
+        them next. A larger call (a whole cache's lengths) is a numpy gather per shard batch.
 
         Example:
             >>> import portable_loader as pl
@@ -369,7 +376,7 @@ class ArrowCacheSource(_CacheSource):
             >>> src.spans(window) is src.spans(window.copy())   # located once
             True
         """
-        if type(indices) is np.ndarray and indices.size > _FEW:
+        if type(indices) is np.ndarray and _FEW < indices.size <= KEEP_SPANS_MAX:
             spans = self.spans(indices)
             self._sized = (indices.copy(), spans)
             return np.array(spans.length, dtype=np.int64)

@@ -33,7 +33,7 @@ from typing import Mapping, Sequence
 
 import numpy as np
 
-from portable_loader.cache.readers import Spans, join_spans, kept_spans
+from portable_loader.cache.readers import KEEP_SPANS_MAX, Spans, join_spans, kept_spans
 from portable_loader.dataset.base import Dataset, digest
 from portable_loader.dataset.order import MixOrder, Stage, name_key
 
@@ -330,7 +330,7 @@ class Mix(Dataset):
             return kept
         at, local = self._span_readers()
         spans = self._located(at, indices)
-        if local and type(indices) is np.ndarray and indices.size > _FEW:
+        if local and type(indices) is np.ndarray and _FEW < indices.size <= KEEP_SPANS_MAX:
             # kept for a lengths() or spans() call with the same records (local caches only: a
             # remote one's spans would hold shard buffers beyond its cache limit)
             self._sized = (indices.copy(), spans)
@@ -448,7 +448,8 @@ class Mix(Dataset):
         return out
 
     def lengths(self, indices) -> np.ndarray:
-        if self._spans_ok and type(indices) is np.ndarray and indices.size > _FEW and self._span_readers()[1]:
+        if self._spans_ok and type(indices) is np.ndarray and _FEW < indices.size <= KEEP_SPANS_MAX \
+                and self._span_readers()[1]:
             # Local caches only (a remote one would fetch shards to size them): a loader sizes a
             # packing window (or a chunk) and reads the same records, so their spans answer both.
             return np.array(self._spans(indices).length, dtype=np.int64)
