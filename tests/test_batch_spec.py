@@ -148,3 +148,28 @@ def test_only_a_window_sized_lengths_call_keeps_its_spans(cache, monkeypatch):
     assert src.lengths(np.arange(500)).tolist() == want and src._sized is None  # a whole-cache call keeps nothing
     assert src.lengths(np.arange(80)).tolist() == want[:80] and src._sized is not None
     assert src.spans(np.arange(80)) is src._sized[1]
+
+
+def test_a_packed_loader_over_a_local_cache_locates_each_window_once(cache):
+    from portable_loader.cache.readers import kept_spans
+
+    src = pl.open_cache(cache.path)
+    located = []  # each spans() call that located records (not served from the spans a lengths() call kept)
+    inner = src.spans
+
+    def spans(indices):
+        if kept_spans(src._sized, indices) is None:
+            located.append(np.asarray(indices).copy())
+        return inner(indices)
+
+    src.spans = spans
+    kw = dict(global_batch_size=8, seq_len=128, packing=True, packing_window=64, seed=1)
+    loader = pl.DataLoader(src, **kw)
+    assert loader.source.read_ahead is None  # a local cache: nothing to narrow
+    with iter(loader) as it, iter(pl.DataLoader([src[i] for i in range(len(src))], **kw)) as ref:
+        for _ in range(40):
+            a, b = next(it), next(ref)
+            assert all(np.array_equal(a[k], b[k]) for k in b)
+    windows = [x for x in located if x.size == 64]
+    assert windows and len({x.tobytes() for x in windows}) == len(windows)  # no window located twice
+    assert sum(x.size for x in located) < 1.5 * 64 * len(windows)  # the rest: steps crossing into a window

@@ -99,11 +99,13 @@ class Cache(Dataset):
         """Where the records' tokens lie (``portable_loader.cache.readers.Spans``): the loader's fast path."""
         return self.cache.spans(indices)
 
-    def read_ahead(self, now: np.ndarray, ahead: np.ndarray) -> np.ndarray:
-        """The records of ``ahead`` worth reading with ``now``'s (a remote cache's ``cache_limit``
-        bounds them; a local cache reads them all)."""
-        trim = getattr(self.cache, "read_ahead", None)
-        return ahead if trim is None else trim(now, ahead)
+    @property
+    def read_ahead(self):
+        """``read_ahead(now, ahead)``: the records of ``ahead`` worth reading with ``now``'s, which a
+        remote cache's ``cache_limit`` bounds; None for a local cache, which reads them all (the
+        inline engine then reads a packing window ahead by itself: a method that handed back
+        ``ahead`` unchanged sent every local cache the padded way)."""
+        return getattr(self.cache, "read_ahead", None)
 
     def _identity(self) -> tuple:
         m = self.cache.manifest
