@@ -170,6 +170,17 @@ def test_a_packed_loader_over_a_local_cache_locates_each_window_once(cache):
         for _ in range(40):
             a, b = next(it), next(ref)
             assert all(np.array_equal(a[k], b[k]) for k in b)
-    windows = [x for x in located if x.size == 64]
-    assert windows and len({x.tobytes() for x in windows}) == len(windows)  # no window located twice
-    assert sum(x.size for x in located) < 1.5 * 64 * len(windows)  # the rest: steps crossing into a window
+    # Each window located once, by the planner's lengths(); a step that crosses into a window takes
+    # its records from the two read-aheads, not from a spans call of its own.
+    assert len(located) > 3 and all(x.size == 64 for x in located)
+    assert len({x.tobytes() for x in located}) == len(located)
+
+
+@pytest.mark.parametrize("skips", [[(3, 5)], [(7, 30)], [(0, 2), (9, 10)]])
+def test_a_packed_loader_over_a_local_cache_serves_its_records_batches_across_skips(cache, skips):
+    kw = dict(global_batch_size=8, seq_len=128, packing=True, packing_window=64, seed=2, skip_batches=skips)
+    with iter(pl.DataLoader(pl.open_cache(cache.path), **kw)) as it, \
+            iter(pl.DataLoader([cache[i] for i in range(len(cache))], **kw)) as ref:
+        for _ in range(40):
+            a, b = next(it), next(ref)
+            assert all(np.array_equal(a[k], b[k]) for k in b)

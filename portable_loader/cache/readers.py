@@ -99,6 +99,29 @@ def join_spans(n: int, parts: Sequence[tuple[Sequence[int], Spans]]) -> Spans:
     return Spans(ids, masks, *(list(pick(values)) for values in fields))
 
 
+def spans_of(located: list) -> Spans:
+    """One :class:`Spans` of records each located on its own (an entry ``(ids buffer, mask buffer,
+    ids_at, mask_at, length)``, as ``span_at`` answers), each buffer listed once, numbered in the
+    order first met: what joins a few records of several readers, or of two read-aheads.
+
+    Example:
+        >>> a, b = memoryview(b"ab"), memoryview(b"cd")
+        >>> spans_of([(a, a, 0, 0, 1), (b, b, 4, 1, 1), (a, a, 4, 1, 1)]).buf
+        [0, 1, 0]
+    """
+    if not located:
+        return Spans([], [], [], [], [], [])
+    ids, masks, ids_at, mask_at, length = zip(*located)
+    first = ids[0]
+    if all(a is first for a in ids):  # one shard batch (up to 65,536 records a cache): one buffer
+        return Spans([first], [masks[0]], [0] * len(ids), list(ids_at), list(mask_at), list(length))
+    index: dict[int, int] = {}  # id of a buffer -> its number here
+    buf = [index.setdefault(id(a), len(index)) for a in ids]
+    seen = {id(a): (a, m) for a, m in zip(ids, masks)}  # in the order first met, as ``index`` numbers them
+    return Spans([a for a, _ in seen.values()], [m for _, m in seen.values()], buf, list(ids_at),
+                 list(mask_at), list(length))
+
+
 #: The most records a ``lengths`` call answers from their spans and keeps them (a loader's packing
 #: window or chunk of positions): a larger call (a whole cache's lengths) goes the vectorized way,
 #: without building and keeping a Python list entry per record.

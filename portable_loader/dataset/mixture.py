@@ -33,7 +33,7 @@ from typing import Mapping, Sequence
 
 import numpy as np
 
-from portable_loader.cache.readers import KEEP_SPANS_MAX, Spans, join_spans, kept_spans
+from portable_loader.cache.readers import KEEP_SPANS_MAX, Spans, join_spans, kept_spans, spans_of
 from portable_loader.dataset.base import Dataset, digest
 from portable_loader.dataset.order import MixOrder, Stage, name_key
 
@@ -362,7 +362,7 @@ class Mix(Dataset):
         flat = self._one_batch_offsets(at)
         if flat is not None and idx.size > _FEW:
             return _spans_by_source(flat, src, idx - self.offsets[src])
-        return _joined([at[i](r) for i, r in zip(src.tolist(), (idx - self.offsets[src]).tolist())])
+        return spans_of([at[i](r) for i, r in zip(src.tolist(), (idx - self.offsets[src]).tolist())])
 
     def _one_batch_offsets(self, at: list) -> list | None:
         """Each source's ``(ids buffer, mask buffer, offsets)`` where every source is an Arrow cache
@@ -657,23 +657,7 @@ def _spans_at(span_at, records: list[int]) -> Spans:
         >>> _spans_at(chat.span_at, [5, 0]).length == chat.spans([5, 0]).length
         True
     """
-    return _joined([span_at(r) for r in records])
-
-
-def _joined(located: list) -> Spans:
-    """One :class:`Spans` of records each located on its own (``span_at``'s ``(ids buffer, mask
-    buffer, ids_at, mask_at, length)``), each buffer listed once, numbered in the order first met."""
-    if not located:
-        return Spans([], [], [], [], [], [])
-    ids, masks, ids_at, mask_at, length = zip(*located)
-    first = ids[0]
-    if all(a is first for a in ids):  # one shard batch (up to 65,536 records a cache): one buffer
-        return Spans([first], [masks[0]], [0] * len(ids), list(ids_at), list(mask_at), list(length))
-    index: dict[int, int] = {}  # id of a buffer -> its number here
-    buf = [index.setdefault(id(a), len(index)) for a in ids]
-    seen = {id(a): (a, m) for a, m in zip(ids, masks)}  # in the order first met, as ``index`` numbers them
-    return Spans([a for a, _ in seen.values()], [m for _, m in seen.values()], buf, list(ids_at),
-                 list(mask_at), list(length))
+    return spans_of([span_at(r) for r in records])
 
 
 def _spans_by_source(flat: list, src: np.ndarray, local: np.ndarray) -> Spans:

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from portable_loader.cache.readers import spans_of
 from portable_loader.collate import FIELDS, check_token_records, collate, collate_spans
 from portable_loader.step_plans import Cursor, StepPlans
 
@@ -115,6 +116,7 @@ class InlineEngine:
         """
         spec = self.spec
         last = after.window if after.row else after.window - 1  # the window of the step's last row
+        before = self._ahead if self._window == first else None  # the window the step starts in
         if after.row and self._window != after.window:
             ahead = self.plans.upcoming()
             self._ahead = None  # let the old buffers go before the new ones are read
@@ -124,11 +126,35 @@ class InlineEngine:
                 return collate_spans(rows, *self._ahead, spec.seq_len, spec.pad_id, spec.fields)
             except KeyError:  # (a skip moved the step)
                 pass
-        now = np.asarray(_records_of(rows), dtype=np.int64)
+        now = _records_of(rows)
+        if before is not None and self._ahead is not None and last == first + 1 == self._window:
+            # A step that crosses into the window just read ahead: its records are in the two
+            # read-aheads (a spans call of its own located them again).
+            try:
+                return collate_spans(rows, *_picked(now, before, self._ahead), spec.seq_len, spec.pad_id, spec.fields)
+            except KeyError:  # (a skip moved the step)
+                pass
+        now = np.asarray(now, dtype=np.int64)
         return collate_spans(rows, *_keyed(now, self._spans(now)), spec.seq_len, spec.pad_id, spec.fields)
 
     def close(self) -> None:
         self._ahead = self._window = None
+
+
+def _picked(records: list[int], *aheads: tuple) -> tuple:
+    """``(spans, record -> its entry)`` of ``records``, each taken from the first of ``aheads``
+    (``_keyed`` pairs) that holds it; ``KeyError`` if none does."""
+    located = []
+    for r in records:
+        for sp, where in aheads:
+            k = where.get(r)
+            if k is not None:
+                b = sp.buf[k]
+                located.append((sp.ids[b], sp.masks[b], sp.ids_at[k], sp.mask_at[k], sp.length[k]))
+                break
+        else:
+            raise KeyError(r)
+    return spans_of(located), dict(zip(records, range(len(records))))
 
 
 def _keyed(records: np.ndarray, spans) -> tuple:
