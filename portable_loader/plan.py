@@ -250,6 +250,8 @@ class Planner:
             else:
                 rows, over, rejected = self._pack_window(w)
                 planned = (self.row_order(rows, w), over, rejected)
+                if self.groups is not None and (self.groups.size > 2 or self.count_lengths):
+                    self._window_sources(w, planned[0])  # now, while its rows are in the CPU's caches
             if len(self._windows) >= 2:
                 self._windows.pop(min(self._windows))
             self._windows[w] = planned
@@ -485,21 +487,18 @@ class Planner:
             both = 0
             for w_, window, lo, hi, _ in segments:
                 running = self._window_sources(w_, window)
-                both = both + running[hi] - running[lo]
-            both, k = both.tolist(), self.groups.size - 1
-            self.counts[cur.step]["sources"] = (both[:k], both[k:], None)
+                both = both + running[:, hi] - running[:, lo]
+            self.counts[cur.step]["sources"] = both  # records, then tokens, per source: summed by the consumer
         return rows + [[] for _ in range(batch - len(rows))], Cursor(cur.step + 1, w, r, cur.samples + batch)
 
     def _window_sources(self, w: int, window: list) -> np.ndarray:
-        """Window ``w``'s running per-source counts in serving order: row ``j`` is what its rows
+        """Window ``w``'s running per-source counts in serving order: column ``j`` is what its rows
         before ``j`` hold, records (pieces that start a record) per source, then tokens per source;
-        computed once a window (one row difference a step: one numpy call, not four)."""
+        computed once a window (one column difference a step: one numpy call, not four)."""
         got = self._window_counts.get(w)
         if got is None:
-            got = np.concatenate(_running_counts(self.groups, window), axis=1)
-            if len(self._window_counts) >= 2:
-                self._window_counts.pop(next(iter(self._window_counts)))
-            self._window_counts[w] = got
+            spare = self._window_counts.pop(next(iter(self._window_counts))) if len(self._window_counts) >= 2 else None
+            got = self._window_counts[w] = _running_counts(self.groups, window, spare)
         return got
 
     def _by_source(self, step: int, recs: np.ndarray, tokens: np.ndarray | None, heads: np.ndarray | None) -> None:
@@ -587,37 +586,43 @@ class Planner:
         return steps
 
 
-def _running_counts(groups: np.ndarray, window: list) -> tuple[np.ndarray, np.ndarray]:
-    """Per-source running counts of ``window``'s rows (``Planner._window_sources``): row ``j`` of each
-    is what rows ``0 .. j - 1`` hold, records (pieces that start one) and tokens, per source (a
-    source ``i`` owns indices ``groups[i] .. groups[i + 1] - 1``).
+def _running_counts(groups: np.ndarray, window: list, spare: np.ndarray | None = None) -> np.ndarray:
+    """Per-source running counts of ``window``'s rows (``Planner._window_sources``): column ``j`` is
+    what rows ``0 .. j - 1`` hold, records (pieces that start one) per source in its first half,
+    tokens per source in its second (a source ``i`` owns indices ``groups[i] .. groups[i + 1] - 1``).
 
-    Summed per (source, row) in a flat source-major array and accumulated along rows there
-    (handed out transposed): a cumsum down the rows of a row-major array, and ``np.add.at`` over
-    2-D indices, cost several times more with 60 sources.
+    Summed per (source, row) into one source-major array and accumulated along its rows, where they
+    lie contiguous (a cumsum down the rows of a row-major array, or a row-major copy, cost several
+    times more with 60 sources). The array is ``spare``'s memory when it is large enough (the
+    counts of a window the caller no longer needs): with 60 sources a fresh one is ~700 KB, whose
+    first touch cost ~110 page faults, most of the 520 µs a window took.
 
     Example:
-        >>> rec, tok = _running_counts(np.array([0, 10, 20]), [[(3, 0, 5), (12, 0, 2)], [(12, 2, 4)]])
-        >>> rec.tolist(), tok.tolist()
-        ([[0, 0], [1, 1], [1, 1]], [[0, 0], [5, 2], [5, 4]])
+        >>> _running_counts(np.array([0, 10, 20]), [[(3, 0, 5), (12, 0, 2)], [(12, 2, 4)]]).tolist()
+        [[0, 1, 1], [0, 1, 1], [0, 5, 5], [0, 2, 4]]
     """
     from itertools import chain
 
     k, rows = groups.size - 1, len(window)
+    cells = k * (rows + 1)
+    flat = spare.base if spare is not None and spare.base is not None else spare
+    if flat is not None and flat.size >= 2 * cells:
+        flat = flat[: 2 * cells]
+        flat[:] = 0
+    else:  # some room to spare: the next window's rows are about as many
+        flat = np.zeros(2 * cells + 2 * k * max(8, rows // 16), dtype=np.int64)[: 2 * cells]
+    out = flat.reshape(2 * k, rows + 1)
     sizes = [len(row) for row in window]
     n = sum(sizes)
     if not n:
-        empty = np.zeros((rows + 1, k), dtype=np.int64)
-        return empty, empty.copy()
+        return out
     pieces = np.fromiter(chain.from_iterable(chain.from_iterable(window)), dtype=np.int64, count=3 * n).reshape(n, 3)
     # cell of a piece: its source's run of rows + 1 (row j's pieces count from running row j + 1 on)
     cell = (np.searchsorted(groups, pieces[:, 0], side="right") - 1) * (rows + 1) + np.repeat(
         np.arange(1, rows + 1, dtype=np.int64), sizes)
-    rec = np.bincount(cell[pieces[:, 1] == 0], minlength=k * (rows + 1)).reshape(k, rows + 1)
-    tok = np.zeros(k * (rows + 1), dtype=np.int64)
-    np.add.at(tok, cell, pieces[:, 2] - pieces[:, 1])
-    tok = tok.reshape(k, rows + 1)
-    return rec.cumsum(axis=1).T, tok.cumsum(axis=1).T
+    np.add.at(flat, cell[pieces[:, 1] == 0], 1)
+    np.add.at(flat, cell + cells, pieces[:, 2] - pieces[:, 1])
+    return np.cumsum(out, axis=1, out=out)
 
 
 def _few_by_source(offsets: list[int], recs: list[int], tokens: list[int]) -> tuple[list[int], list[int], None]:
