@@ -92,14 +92,14 @@ def pack(record_indices: np.ndarray, lengths: np.ndarray, seq_len: int, overlong
     free.append(opens)
     find, insort = bisect.bisect_left, bisect.insort
     count = big
-    for size, piece in zip(sizes[big:], pieces[big:]):
-        need = size << 32
+    # Each piece's size << 32, shifted in one numpy pass: the key of the room it needs.
+    for need, piece in zip((by_size[big:] << 32).tolist(), pieces[big:]):
         slot = find(free, need)
         key = free[slot]
         if key == opens:
             rows.append([piece])
-            if size < seq_len:
-                insort(free, (seq_len - size) << 32 | count)
+            if need < opens:
+                insort(free, (opens - need) | count)
             count += 1
             continue
         rows[key & 0xFFFFFFFF].append(piece)
