@@ -205,3 +205,43 @@ def test_a_row_longer_than_seq_len_is_refused(caches, backend):
         collate(rows, dict(zip([i, j], src.__getitems__([i, j]))), 30, 0, FIELDS)
     with pytest.raises(ValueError, match="does not fit seq_len 30"):
         collate_spans(rows, src.spans([i, j]), {i: 0, j: 1}, 30, 0, FIELDS)
+
+
+@pytest.fixture(scope="module")
+def compressed(caches, tmp_path_factory):
+    """The Arrow cache with every shard rewritten LZ4-compressed: its buffers are decompressed into
+    memory at open, outside the file's mapping, so its records are located per shard batch, not
+    from the file's mapped words."""
+    import json
+
+    import pyarrow as pa
+
+    from portable_loader.io.tables import file_digest
+
+    path, out = caches["arrow"], str(tmp_path_factory.mktemp("lz4") / "cache")
+    os.makedirs(out)
+    with open(os.path.join(path, "manifest.json")) as f:
+        manifest = json.load(f)
+    for shard in manifest["shards"]:
+        table = pa.ipc.open_stream(pa.memory_map(os.path.join(path, shard["file"]))).read_all()
+        target = os.path.join(out, shard["file"])
+        with pa.OSFile(target, "wb") as sink, pa.ipc.new_stream(
+                sink, table.schema, options=pa.ipc.IpcWriteOptions(compression="lz4")) as w:
+            for batch in table.to_batches():
+                w.write_batch(batch)
+        shard.update(bytes=os.path.getsize(target), sha256=file_digest(target))
+    write_manifest(out, manifest)
+    return out
+
+
+@settings(max_examples=25, deadline=None)
+@given(idx=st.builds(lambda seed, n: np.random.default_rng(seed).integers(0, N, n), st.integers(0, 2**32 - 1),
+                     st.integers(65, 3000)))
+def test_a_compressed_cache_locates_the_same_spans_and_lengths(caches, compressed, idx):
+    plain, packed = pl.open_cache(caches["arrow"]), pl.open_cache(compressed)
+    assert plain._word_base is not None and packed._word_base is None  # the two ways of locating
+    want = [len(r["input_ids"]) for r in plain.__getitems__(idx)]
+    assert plain.lengths(idx).tolist() == packed.lengths(idx).tolist() == want
+    a, b = plain.spans(idx), packed.spans(idx)
+    for k in range(0, idx.size, 7):
+        assert span_record(a, k) == span_record(b, k)
