@@ -104,7 +104,7 @@ def pack(record_indices: np.ndarray, lengths: np.ndarray, seq_len: int, overlong
             continue
         rows[key & 0xFFFFFFFF].append(piece)
         key -= need  # the same row with less room: it moves towards the front of the list, or stays
-        if key >> 32:
+        if key > 0xFFFFFFFF:  # room left (a compare: a shift makes a new int)
             if not slot or free[slot - 1] < key:  # often: it stays, one store
                 free[slot] = key
             else:

@@ -47,6 +47,7 @@ import numpy as np
 from portable_loader.batch_size import BatchSchedule, as_schedule
 from portable_loader.collate import OVERLONG, Piece, count_rows, pack
 from portable_loader.errors import FilterError
+from portable_loader.keyed import KeyedPermutation
 from portable_loader.keyed import splitmix64 as _splitmix64
 from portable_loader.sampler import LCGSampler
 
@@ -271,7 +272,7 @@ class Planner:
         # vectorized walk's numpy passes.
         n = len(rows)
         size = 1 << (n - 1).bit_length()
-        table = LCGSampler(size, seed=key).record_indices(np.arange(size, dtype=np.int64)).tolist()
+        table = KeyedPermutation(size, key)(np.arange(size, dtype=np.uint64)).tolist()  # LCGSampler(size, key)'s epoch 0
         out = []
         for i in table[:n]:
             while i >= n:
