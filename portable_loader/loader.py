@@ -37,7 +37,7 @@ from portable_loader.digests import json_sha256
 from portable_loader.batch_spec import BatchSpec
 from portable_loader.engine import start
 from portable_loader.lifecycle import Closing, close_at_exit
-from portable_loader.plan import Cursor, Planner
+from portable_loader.plan import Cursor, Planner, Served, served_by_source
 from portable_loader.step_plans import StepPlans
 from portable_loader.dataset.order import MixOrder
 from portable_loader.state import STATE_VERSION, LoaderState, check_state, make_state, online_stages, parse_state
@@ -45,6 +45,7 @@ from portable_loader.state import STATE_VERSION, LoaderState, check_state, make_
 __all__ = ["BatchSpec", "Closing", "DataLoader", "LoaderIterator", "LoaderOptions", "STATE_VERSION"]
 
 _MARK_EVERY = 256  # describe() keeps the cursor of every 256th packed step
+_SERVED_KEPT = 256  # padded mixture steps whose records are counted per source in one pass
 
 
 def _mixture(source):
@@ -513,7 +514,9 @@ class LoaderIterator(Closing, Iterator[dict]):
         self._filtered = 0
         # records and tokens per source delivered so far, all hosts' rows (lists updated in place)
         self._records, self._tokens_by_source = [0] * len(loader._groups[0]), [0] * len(loader._groups[0])
-        self._pending = None  # packed mixture steps' counts (records, then tokens per source) not yet in the lists
+        # Mixture steps' per-source counts not yet in the lists: summed (records, then tokens per
+        # source) for packed steps; as served (records, tokens) for padded ones, counted when read
+        self._pending, self._served = None, []
         self._before_calls = None  # (position, the mixture's order before set_weights calls there)
         close_at_exit(self)  # threads and workers stop before the frameworks' exit handlers run
 
@@ -571,6 +574,10 @@ class LoaderIterator(Closing, Iterator[dict]):
                 self._pending = by_source
             else:
                 self._pending += by_source
+        elif type(by_source) is Served:  # a padded mixture step: counted many at once
+            self._served.append(by_source)
+            if len(self._served) >= _SERVED_KEPT:
+                self._fold()
         elif by_source is not None:
             records, tokens, rows = by_source
             have_r, have_t = self._records, self._tokens_by_source
@@ -634,8 +641,13 @@ class LoaderIterator(Closing, Iterator[dict]):
                                  self._online)
 
     def _fold(self) -> None:
-        """Add the packed mixture steps' summed counts to the per-source lists (one numpy sum a
-        step, and lists only when read: two list sums over 60 sources cost 4 µs a step)."""
+        """Add the mixture steps' counts not yet counted to the per-source lists: one numpy sum a
+        packed step, a padded step's records kept as they are, and lists only when read (two list
+        sums over 60 sources cost 4 µs a step)."""
+        if self._served:
+            got = served_by_source(self._planner.groups, self._served)
+            self._served = []
+            self._pending = got if self._pending is None else self._pending + got
         if self._pending is not None:
             both, self._pending = self._pending.tolist(), None
             k = len(self._records)
@@ -658,7 +670,7 @@ class LoaderIterator(Closing, Iterator[dict]):
         self._cursor = check_state(state, self.loader, planner, sources)
         self._planner, self._before_calls = planner, None
         self._records, self._tokens_by_source = [r for r, _ in sources], [t for _, t in sources]
-        self._pending = None
+        self._pending, self._served = None, []
 
     def set_weights(self, weights) -> None:
         """Re-weight the mixture from the next batch on: ``{name: weight}``, sources not named get 0.

@@ -136,3 +136,30 @@ def test_bad_counts_in_a_state_are_refused_and_old_states_restart_them():
     next(it)
     assert sum(v["records"] for v in it.stats["sources"].values()) == 4
     it.close()
+
+
+@pytest.fixture(scope="module")
+def chat(tmp_path_factory):
+    from portable_loader.precache import sample_args
+
+    return pl.precache(**sample_args(), out=str(tmp_path_factory.mktemp("sources") / "cache"))
+
+
+@pytest.mark.parametrize("mode", ["padded", "packed"])
+def test_counts_over_caches_equal_what_the_batches_hold_across_many_steps(chat, mode):
+    # Caches know their lengths: a padded step's records go to the iterator as served and are
+    # counted per source many steps at a time (every 256 steps, and when the counts are read)
+    caches = {n: pl.open_cache(chat) for n in "abc"}
+    loader = pl.DataLoader(pl.mix(caches, {"a": 3, "b": 1, "c": 2}), **kw(mode, seq_len=64, global_batch_size=8))
+    with iter(loader) as it:
+        batches = [next(it) for _ in range(100)]
+        assert it.stats["sources"] == oracle(loader, 100)
+        batches += [next(it) for _ in range(200)]
+        state = it.get_state()  # 44 steps since the last fold: counted into the state
+    with iter(loader) as it:
+        it.set_state(state)
+        batches += [next(it) for _ in range(300)]
+        got = it.stats["sources"]
+    assert got == oracle(loader, 600)
+    assert sum(v["tokens"] for v in got.values()) == sum(served_tokens(b) for b in batches) == it.stats["tokens"] + sum(
+        served_tokens(b) for b in batches[:300])
