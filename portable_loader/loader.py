@@ -37,7 +37,7 @@ from portable_loader.digests import json_sha256
 from portable_loader.batch_spec import BatchSpec
 from portable_loader.engine import start
 from portable_loader.lifecycle import Closing, close_at_exit
-from portable_loader.plan import Cursor, Planner, Served, served_by_source
+from portable_loader.plan import Cursor, Planner, Served, ServedRows, served_by_source
 from portable_loader.step_plans import StepPlans
 from portable_loader.dataset.order import MixOrder
 from portable_loader.state import STATE_VERSION, LoaderState, check_state, make_state, online_stages, parse_state
@@ -45,7 +45,7 @@ from portable_loader.state import STATE_VERSION, LoaderState, check_state, make_
 __all__ = ["BatchSpec", "Closing", "DataLoader", "LoaderIterator", "LoaderOptions", "STATE_VERSION"]
 
 _MARK_EVERY = 256  # describe() keeps the cursor of every 256th packed step
-_SERVED_KEPT = 256  # padded mixture steps whose records are counted per source in one pass
+_SERVED_KEPT = 256  # mixture steps whose records and tokens are counted per source in one pass
 
 
 def _mixture(source):
@@ -514,9 +514,7 @@ class LoaderIterator(Closing, Iterator[dict]):
         self._filtered = 0
         # records and tokens per source delivered so far, all hosts' rows (lists updated in place)
         self._records, self._tokens_by_source = [0] * len(loader._groups[0]), [0] * len(loader._groups[0])
-        # Mixture steps' per-source counts not yet in the lists: summed (records, then tokens per
-        # source) for packed steps; as served (records, tokens) for padded ones, counted when read
-        self._pending, self._served = None, []
+        self._served = []  # mixture steps as served, not yet counted into the lists (see _fold)
         self._before_calls = None  # (position, the mixture's order before set_weights calls there)
         close_at_exit(self)  # threads and workers stop before the frameworks' exit handlers run
 
@@ -569,12 +567,7 @@ class LoaderIterator(Closing, Iterator[dict]):
         by_source = counts.pop("sources", None)
         real = batch["attention_mask"] if "attention_mask" in batch else batch["segment_ids"]
         served = int(np.count_nonzero(real))
-        if type(by_source) is np.ndarray:  # a packed mixture step: summed here, folded in when read
-            if self._pending is None:
-                self._pending = by_source
-            else:
-                self._pending += by_source
-        elif type(by_source) is Served:  # a padded mixture step: counted many at once
+        if type(by_source) is Served or type(by_source) is ServedRows:  # a mixture step: counted many at once
             self._served.append(by_source)
             if len(self._served) >= _SERVED_KEPT:
                 self._fold()
@@ -641,15 +634,12 @@ class LoaderIterator(Closing, Iterator[dict]):
                                  self._online)
 
     def _fold(self) -> None:
-        """Add the mixture steps' counts not yet counted to the per-source lists: one numpy sum a
-        packed step, a padded step's records kept as they are, and lists only when read (two list
-        sums over 60 sources cost 4 µs a step)."""
+        """Count the mixture steps served since the last fold into the per-source lists, all in one
+        pass (``plan.served_by_source``): every ``_SERVED_KEPT`` steps and when stats or a state
+        read them."""
         if self._served:
-            got = served_by_source(self._planner.groups, self._served)
+            both = served_by_source(self._planner.groups, self._served).tolist()
             self._served = []
-            self._pending = got if self._pending is None else self._pending + got
-        if self._pending is not None:
-            both, self._pending = self._pending.tolist(), None
             k = len(self._records)
             self._records[:] = map(operator.add, self._records, both[:k])
             self._tokens_by_source[:] = map(operator.add, self._tokens_by_source, both[k:])
@@ -670,7 +660,7 @@ class LoaderIterator(Closing, Iterator[dict]):
         self._cursor = check_state(state, self.loader, planner, sources)
         self._planner, self._before_calls = planner, None
         self._records, self._tokens_by_source = [r for r, _ in sources], [t for _, t in sources]
-        self._pending, self._served = None, []
+        self._served = []
 
     def set_weights(self, weights) -> None:
         """Re-weight the mixture from the next batch on: ``{name: weight}``, sources not named get 0.

@@ -138,7 +138,6 @@ class Planner:
         # each step's counts get "sources", its records and tokens per source (see _by_source).
         self.groups = None if groups is None else np.asarray(groups, dtype=np.int64)
         self._group_list = [] if groups is None else self.groups.tolist()
-        self._window_counts: dict[int, np.ndarray] = {}  # see _window_sources
         # Padding: read lengths for the per-source token counts even where they cost a read (several
         # hosts: no host's batch holds every row).
         self.count_lengths = count_lengths
@@ -251,8 +250,6 @@ class Planner:
             else:
                 rows, over, rejected = self._pack_window(w)
                 planned = (self.row_order(rows, w), over, rejected)
-                if self.groups is not None and (self.groups.size > 2 or self.count_lengths):
-                    self._window_sources(w, planned[0])  # now, while its rows are in the CPU's caches
             if len(self._windows) >= 2:
                 self._windows.pop(min(self._windows))
             self._windows[w] = planned
@@ -484,23 +481,9 @@ class Planner:
                 if over:
                     heads -= sum(1 for row in window[lo:hi] for p in row if p[1])
             self.counts[cur.step]["sources"] = ([heads], None, None)
-        elif self.groups is not None:  # from each window's running counts: O(sources) a step
-            both = 0
-            for w_, window, lo, hi, _ in segments:
-                running = self._window_sources(w_, window)
-                both = both + running[:, hi] - running[:, lo]
-            self.counts[cur.step]["sources"] = both  # records, then tokens, per source: summed by the consumer
+        elif self.groups is not None:  # its rows as they are: the consumer counts many steps' at once
+            self.counts[cur.step]["sources"] = ServedRows(rows)
         return rows + [[] for _ in range(batch - len(rows))], Cursor(cur.step + 1, w, r, cur.samples + batch)
-
-    def _window_sources(self, w: int, window: list) -> np.ndarray:
-        """Window ``w``'s running per-source counts in serving order: column ``j`` is what its rows
-        before ``j`` hold, records (pieces that start a record) per source, then tokens per source;
-        computed once a window (one column difference a step: one numpy call, not four)."""
-        got = self._window_counts.get(w)
-        if got is None:
-            spare = self._window_counts.pop(next(iter(self._window_counts))) if len(self._window_counts) >= 2 else None
-            got = self._window_counts[w] = _running_counts(self.groups, window, spare)
-        return got
 
     def _by_source(self, step: int, recs: np.ndarray, tokens: np.ndarray | None, heads: np.ndarray | None) -> None:
         """Record step ``step``'s records (pieces that start a record: ``heads``, None for all) and
@@ -587,64 +570,52 @@ class Planner:
         return steps
 
 
-def _running_counts(groups: np.ndarray, window: list, spare: np.ndarray | None = None) -> np.ndarray:
-    """Per-source running counts of ``window``'s rows (``Planner._window_sources``): column ``j`` is
-    what rows ``0 .. j - 1`` hold, records (pieces that start one) per source in its first half,
-    tokens per source in its second (a source ``i`` owns indices ``groups[i] .. groups[i + 1] - 1``).
-
-    Summed per (source, row) into one source-major array and accumulated along its rows, where they
-    lie contiguous (a cumsum down the rows of a row-major array, or a row-major copy, cost several
-    times more with 60 sources). The array is ``spare``'s memory when it is large enough (the
-    counts of a window the caller no longer needs): with 60 sources a fresh one is ~700 KB, whose
-    first touch cost ~110 page faults, most of the 520 µs a window took.
-
-    Example:
-        >>> _running_counts(np.array([0, 10, 20]), [[(3, 0, 5), (12, 0, 2)], [(12, 2, 4)]]).tolist()
-        [[0, 1, 1], [0, 1, 1], [0, 5, 5], [0, 2, 4]]
-    """
-    from itertools import chain
-
-    k, rows = groups.size - 1, len(window)
-    cells = k * (rows + 1)
-    flat = spare.base if spare is not None and spare.base is not None else spare
-    if flat is not None and flat.size >= 2 * cells:
-        flat = flat[: 2 * cells]
-        flat[:] = 0
-    else:  # some room to spare: the next window's rows are about as many
-        flat = np.zeros(2 * cells + 2 * k * max(8, rows // 16), dtype=np.int64)[: 2 * cells]
-    out = flat.reshape(2 * k, rows + 1)
-    sizes = [len(row) for row in window]
-    n = sum(sizes)
-    if not n:
-        return out
-    pieces = np.fromiter(chain.from_iterable(chain.from_iterable(window)), dtype=np.int64, count=3 * n).reshape(n, 3)
-    # cell of a piece: its source's run of rows + 1 (row j's pieces count from running row j + 1 on)
-    cell = (np.searchsorted(groups, pieces[:, 0], side="right") - 1) * (rows + 1) + np.repeat(
-        np.arange(1, rows + 1, dtype=np.int64), sizes)
-    np.add.at(flat, cell[pieces[:, 1] == 0], 1)
-    np.add.at(flat, cell + cells, pieces[:, 2] - pieces[:, 1])
-    return np.cumsum(out, axis=1, out=out)
-
-
 class Served(NamedTuple):
     """The records (mixture indices) a padded step served and their tokens, for the consumer to
-    count per source (``served_by_source``), many steps at once."""
+    count per source (``served_by_source``) many steps at once."""
 
     recs: np.ndarray
     tokens: np.ndarray
 
 
-def served_by_source(groups: np.ndarray, served: list[Served]) -> np.ndarray:
-    """Records, then tokens, per source of the steps ``served`` (source ``i`` owns indices
-    ``groups[i] .. groups[i + 1] - 1``), as one int64 array.
+class ServedRows(NamedTuple):
+    """The rows of pieces ``(record, start, end)`` a packed step served (all hosts'), for the
+    consumer to count per source (``served_by_source``) many steps at once."""
+
+    rows: list
+
+
+def served_by_source(groups: np.ndarray, served: list) -> np.ndarray:
+    """Records, then tokens, per source of the steps ``served`` (``Served`` and ``ServedRows``;
+    source ``i`` owns indices ``groups[i] .. groups[i + 1] - 1``), as one int64 array. A piece
+    counts its tokens, and a record where it starts (a split's tails count tokens only).
+
+    One pass over hundreds of steps: per step, with 60 sources, the counts cost ~9 µs of a padded
+    step's 60 and, kept as running counts per packing window, ~4 µs of a packed step.
 
     Example:
         >>> served_by_source(np.array([0, 10, 30]), [Served(np.array([12, 3]), np.array([5, 7])),
-        ...                                          Served(np.array([29]), np.array([1]))]).tolist()
-        [1, 2, 7, 6]
+        ...                                          ServedRows([[(29, 0, 1), (12, 4, 6)], []])]).tolist()
+        [1, 2, 7, 8]
     """
+    from itertools import chain
+
     k = groups.size - 1
-    recs = np.concatenate([s.recs for s in served])
-    src = np.searchsorted(groups, recs, side="right") - 1
-    tokens = np.bincount(src, weights=np.concatenate([s.tokens for s in served]), minlength=k)
-    return np.concatenate([np.bincount(src, minlength=k), tokens.astype(np.int64)])  # (float64 sums: exact below 2**53)
+    recs, tokens, heads = [], [], []
+    rows = [row for s in served if type(s) is ServedRows for row in s.rows]
+    n = sum(map(len, rows))
+    if n:
+        pieces = np.fromiter(chain.from_iterable(chain.from_iterable(rows)), dtype=np.int64, count=3 * n).reshape(n, 3)
+        recs.append(pieces[:, 0])
+        tokens.append(pieces[:, 2] - pieces[:, 1])
+        heads.append(pieces[:, 1] == 0)
+    for s in served:
+        if type(s) is Served:
+            recs.append(s.recs)
+            tokens.append(s.tokens)
+            heads.append(np.ones(s.recs.size, dtype=bool))
+    if not recs:
+        return np.zeros(2 * k, dtype=np.int64)
+    src = np.searchsorted(groups, np.concatenate(recs), side="right") - 1
+    counted = np.bincount(src, weights=np.concatenate(tokens), minlength=k)  # float64 sums: exact below 2**53
+    return np.concatenate([np.bincount(src[np.concatenate(heads)], minlength=k), counted.astype(np.int64)])
