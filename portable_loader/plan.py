@@ -63,7 +63,7 @@ _KEPT_COUNTS = 1024  # per-step counts nobody takes (e.g. a bare Planner) stop g
 #: Consecutive rejected records after which a filter is taken to reject everything.
 MAX_REJECTED = 1_000_000
 _FEW = 24  # positions a sampler maps in Python integers (sampler.few) when a step jumps
-_FEW_BY_SOURCE = 64  # pieces of a step counted per source in Python integers (numpy calls cost more)
+_FEW_BY_SOURCE = 64  # records of a padded step counted per source in Python integers (numpy calls cost more)
 _FIRST_SPAN = 16  # positions a filtered padded step tests first; doubled while too few survive
 
 
@@ -438,13 +438,13 @@ class Planner:
                 if lengths is None and self.count_lengths:  # several hosts: no batch holds every row
                     lengths = self._lengths(recs)
                 if lengths is None:  # lengths cost a read here: the consumer counts tokens from the batch
-                    self._by_source(cur.step, recs, None, None)
+                    self._by_source(cur.step, recs, None)
                 else:
                     tokens = np.minimum(lengths, self.seq_len)
                     if self.overlong == "drop":  # a dropped record (-1) serves nothing
                         kept = recs >= 0
                         recs, tokens = recs[kept], tokens[kept]
-                    self._by_source(cur.step, recs, tokens, None)
+                    self._by_source(cur.step, recs, tokens)
             return rows + [[] for _ in range(batch - len(rows))], Cursor(cur.step + 1, 0, 0, hi)
         rows: list[list[Piece]] = []
         w, r = cur.window, cur.row
@@ -485,46 +485,28 @@ class Planner:
             self.counts[cur.step]["sources"] = ServedRows(rows)
         return rows + [[] for _ in range(batch - len(rows))], Cursor(cur.step + 1, w, r, cur.samples + batch)
 
-    def _by_source(self, step: int, recs: np.ndarray, tokens: np.ndarray | None, heads: np.ndarray | None) -> None:
-        """Record step ``step``'s records (pieces that start a record: ``heads``, None for all) and
-        tokens (``tokens`` per piece of record ``recs``) per source, as ``counts[step]["sources"]``:
-        ``(records, tokens, None)`` per source, or, with ``tokens`` None (padding, lengths not read),
-        ``(records, None, source of each row)`` for the consumer to count the batch's tokens."""
+    def _by_source(self, step: int, recs: np.ndarray, tokens: np.ndarray | None) -> None:
+        """Record what padded step ``step`` served per source, as ``counts[step]["sources"]``: its
+        records ``recs`` and their ``tokens`` as they are (``Served``: a mixture's, counted by the
+        consumer many steps at once), ``([records], [tokens], None)`` for one source, or, with
+        ``tokens`` None (lengths not read), ``(records per source, None, source of each row)`` for
+        the consumer to count the batch's tokens."""
         groups = self.groups
-        if groups.size > 2 and tokens is not None and heads is None:
-            # a padded step with its lengths: its records and tokens as they are, counted per source
-            # by the consumer many steps at once (per step, 60 sources cost ~9 µs of a 60 µs step)
-            self.counts[step]["sources"] = Served(recs, tokens)
+        if tokens is not None:
+            self.counts[step]["sources"] = (Served(recs, tokens) if groups.size > 2
+                                            else ([recs.size], [int(tokens.sum())], None))
             return
-        if recs.size <= _FEW_BY_SOURCE and groups.size > 2:  # a step's few pieces: plain Python beats numpy
+        if recs.size <= _FEW_BY_SOURCE:  # a step's few records: plain Python beats numpy
             offsets, k = self._group_list, groups.size - 1
             src = [bisect.bisect_right(offsets, x) - 1 for x in recs.tolist()]
             records = [0] * k
-            if heads is None:
-                for i in src:
-                    records[i] += 1
-            else:
-                for i, head in zip(src, heads.tolist()):
-                    records[i] += head
-            if tokens is None:
-                got = (records, None, src)
-            else:
-                counted = [0] * k
-                for i, t in zip(src, tokens.tolist()):
-                    counted[i] += t
-                got = (records, counted, None)
-        elif groups.size <= 2 and tokens is not None:  # one source
-            n = recs.size if heads is None else int(np.count_nonzero(heads))
-            got = ([n], [int(tokens.sum())], None)
+            for i in src:
+                records[i] += 1
+            got = (records, None, src)
         else:
             src = np.searchsorted(groups, recs, side="right") - 1
-            k = groups.size - 1
-            heads_src = src if heads is None else src[heads]
-            records = np.bincount(heads_src, minlength=k).tolist()
-            if tokens is None:
-                got = (records, None, src[recs >= 0] if (recs < 0).any() else src)
-            else:
-                got = (records, np.bincount(src, weights=tokens, minlength=k).astype(np.int64).tolist(), None)
+            records = np.bincount(src, minlength=groups.size - 1).tolist()
+            got = (records, None, src[recs >= 0] if (recs < 0).any() else src)
         self.counts[step]["sources"] = got
 
     def num_steps(self, estimate: bool = False, sample_windows: int = 32) -> int:
