@@ -191,15 +191,21 @@ class KeyedPermutation:
         return out.view(np.int64)
 
     def _walk(self, x: np.ndarray, n: np.uint64) -> np.ndarray:
+        """Cycle-walk the values ``x`` (all ``>= n``) into ``[0, n)``: each pass mixes those still
+        out of range. The last few go on in Python integers (``one`` continues a walk from any
+        value): a pass costs its two dozen numpy calls however few values it mixes, and the
+        stragglers of a chunk of 4,096 took half a dozen passes."""
         tmp = np.empty_like(x)
         todo = np.arange(x.size)
         cur = x
-        while todo.size:
+        while todo.size > FEW:
             self._mix(cur, tmp[: cur.size])
             x[todo] = cur
             keep = cur >= n
             todo = todo[keep]
             cur = cur[keep]
+        if todo.size:
+            x[todo] = [self.one(v) for v in cur.tolist()]
         return x
 
 
