@@ -363,3 +363,6 @@ def permute_many(perms: Sequence[KeyedPermutation], which: np.ndarray | None, x:
         if not again.size:
             return x.view(np.int64).reshape(shape)
         todo = again if todo is None else todo[again]
+        if todo.size <= FEW:  # the last few walk on in Python integers (see KeyedPermutation._walk)
+            x[todo] = [perms[w].one(v) for w, v in zip(which[todo].tolist(), x[todo].tolist())]
+            return x.view(np.int64).reshape(shape)
