@@ -484,6 +484,15 @@ class DataLoader:
         return f"DataLoader({self.config}, shard {self.shard_index}/{self.shard_count}, workers={self.num_workers})"
 
 
+def _state_counted(loader, cursor: Cursor, sources: list, served: tuple, groups, online) -> dict[str, Any]:
+    """``make_state`` with the per-source counts ``sources`` plus those of the steps ``served``
+    after them (``plan.served_by_source``), counted when the state is made."""
+    if served:
+        both, k = served_by_source(groups, list(served)).tolist(), len(sources)
+        sources = [(r + a, t + b) for (r, t), a, b in zip(sources, both[:k], both[k:])]
+    return make_state(loader, cursor, sources, online)
+
+
 class LoaderIterator(Closing, Iterator[dict]):
     """Yields this host's slice of each global batch; ``get_state``/``set_state`` resume exactly.
 
@@ -628,10 +637,10 @@ class LoaderIterator(Closing, Iterator[dict]):
             True
         """
         # The mixture's online stages as they are when the state is made: a change made after this batch
-        # (it.set_weights, pending at a later position) belongs to the run resumed from it too.
-        self._fold()
-        return functools.partial(make_state, self.loader, self._cursor, list(zip(self._records, self._tokens_by_source)),
-                                 self._online)
+        # (it.set_weights, pending at a later position) belongs to the run resumed from it too. The
+        # steps served but not counted yet are counted then too (adapters ask this of every batch).
+        return functools.partial(_state_counted, self.loader, self._cursor, list(zip(self._records, self._tokens_by_source)),
+                                 tuple(self._served), self._planner.groups, self._online)
 
     def _fold(self) -> None:
         """Count the mixture steps served since the last fold into the per-source lists, all in one
