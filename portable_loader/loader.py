@@ -644,8 +644,8 @@ class LoaderIterator(Closing, Iterator[dict]):
 
     def _fold(self) -> None:
         """Count the mixture steps served since the last fold into the per-source lists, all in one
-        pass (``plan.served_by_source``): every ``_SERVED_KEPT`` steps and when stats or a state
-        read them."""
+        pass (``plan.served_by_source``): every ``_SERVED_KEPT`` steps and when ``stats`` reads them
+        (a state counts those it was taken after itself: ``_state_counted``)."""
         if self._served:
             both = served_by_source(self._planner.groups, self._served).tolist()
             self._served = []
