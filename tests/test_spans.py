@@ -245,3 +245,18 @@ def test_a_compressed_cache_locates_the_same_spans_and_lengths(caches, compresse
     a, b = plain.spans(idx), packed.spans(idx)
     for k in range(0, idx.size, 7):
         assert span_record(a, k) == span_record(b, k)
+
+
+@pytest.mark.parametrize("size", [65, 300, 3000])
+def test_a_large_lengths_call_gathers_without_keeping_spans(caches, compressed, monkeypatch, size):
+    # Past KEEP_SPANS_MAX a lengths() call (a whole cache's) is one gather per shard file, or per
+    # batch where a file's words are not at hand, or a loop over records of many batches: no spans kept
+    from portable_loader.cache import readers
+
+    monkeypatch.setattr(readers, "KEEP_SPANS_MAX", 64)
+    plain, packed = pl.open_cache(caches["arrow"]), pl.open_cache(compressed)
+    idx = np.random.default_rng(size).integers(0, N, size)
+    want = [len(r["input_ids"]) for r in plain.__getitems__(idx)]
+    for src in (plain, packed):
+        assert src.lengths(idx).tolist() == want and src._sized is None
+        assert src.lengths((idx - N).tolist()).tolist() == want  # negatives count from the end

@@ -426,7 +426,8 @@ class ArrowCacheSource(_CacheSource):
 
         Many records at once, up to ``KEEP_SPANS_MAX`` (a loader's packing window or chunk), are
         answered from their spans, kept for a ``spans`` call with the same records: the loader reads
-        them next. A larger call (a whole cache's lengths) is a numpy gather per shard batch.
+        them next. A larger call (a whole cache's lengths) is the same gather per shard file, without
+        building or keeping their spans.
 
         Example:
             >>> import portable_loader as pl
@@ -444,18 +445,17 @@ class ArrowCacheSource(_CacheSource):
             self._sized = (indices.copy(), spans)
             return np.array(spans.length, dtype=np.int64) if length is None else length
         if isinstance(indices, (list, tuple, np.ndarray)) and len(indices) <= _FEW:  # a padded step's few
-            # records: a loop beats np.unique's setup
-            offsets = self._offsets_mv
-            segs, local = self._locate(indices)
-            return np.array([offsets[s][j + 1] - offsets[s][j] for s, j in zip(segs, local)], dtype=np.int64)
-        idx = self._indices(indices)
-        seg = np.searchsorted(self._seg_starts, idx, side="right") - 1
-        out = np.empty(idx.shape, dtype=np.int64)
-        for s in np.unique(seg).tolist():
-            sel = seg == s
-            j = idx[sel] - self._seg_starts[s]
-            out[sel] = self._offsets[s][j + 1] - self._offsets[s][j]
-        return out
+            segs, local = self._locate(indices)  # records: a loop beats numpy's setup
+        else:
+            idx = self._indices(indices)
+            seg = np.searchsorted(self._seg_starts, idx, side="right") - 1
+            local = idx - self._seg_starts[seg]
+            got = self._gathered(seg, local)
+            if got is not None:
+                return got[1] - got[0]
+            segs, local = seg.tolist(), local.tolist()  # records of many batches and files: a loop costs less
+        offsets = self._offsets_mv
+        return np.array([offsets[s][j + 1] - offsets[s][j] for s, j in zip(segs, local)], dtype=np.int64)
 
 
 class ArrayRecordCacheSource(_CacheSource):
