@@ -110,16 +110,17 @@ class InlineEngine:
 
         A window is read ahead by itself once a step ends inside it: the planner has just sized
         it through the source's ``lengths``, and a cache keeps the spans it answered that from,
-        so its records are located once. A step that crosses into it (or follows a skip) reads
-        its own records. (A remote cache goes the padded way: a miss reads the step's records and
-        what its ``cache_limit`` holds of the window's, narrowed again at each miss as shards arrive.)
+        so its records are located once. A step that crosses into it takes its records from the
+        two windows read ahead (``_picked``); one that a skip moved reads its own. (A remote cache
+        goes the padded way: a miss reads the step's records and what its ``cache_limit`` holds of
+        the window's, narrowed again at each miss as shards arrive.)
         """
         spec = self.spec
         last = after.window if after.row else after.window - 1  # the window of the step's last row
         before = self._ahead if self._window == first else None  # the window the step starts in
         if after.row and self._window != after.window:
             ahead = self.plans.upcoming()
-            self._ahead = None  # let the old buffers go before the new ones are read
+            self._ahead = None  # let the old buffers go before the new ones are read (unless ``before`` holds them)
             self._ahead, self._window = (_keyed(ahead, self._spans(ahead)) if ahead.size else None), after.window
         if self._ahead is not None and first == last == self._window:
             try:
