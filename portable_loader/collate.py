@@ -31,7 +31,8 @@ from typing import Mapping, Sequence
 
 import numpy as np
 
-__all__ = ["FIELDS", "OVERLONG", "PADDED_FIELDS", "Piece", "check_fields", "check_token_records", "collate", "collate_spans", "pack"]
+__all__ = ["FIELDS", "FIELD_DTYPES", "OVERLONG", "PADDED_FIELDS", "Piece", "check_fields", "check_token_records", "collate",
+           "collate_spans", "collating_into", "new_fields", "pack"]
 
 Piece = tuple  # (record_index, start, end)
 
@@ -40,6 +41,61 @@ OVERLONG = ("split", "truncate", "drop")
 FIELDS = ("input_ids", "loss_mask", "attention_mask", "segment_ids", "positions")
 PADDED_FIELDS = ("input_ids", "loss_mask", "attention_mask")
 _CHECKED = {FIELDS, PADDED_FIELDS}  # already valid: skip the check on the hot path
+FIELD_DTYPES = {"input_ids": np.dtype(np.int32), "loss_mask": np.dtype(np.uint8), "attention_mask": np.dtype(np.uint8),
+                "segment_ids": np.dtype(np.int32), "positions": np.dtype(np.int32)}
+_into = None  # a worker's allocator of the batch being built (collating_into), else None: numpy's
+
+
+class collating_into:
+    """Within this block, :func:`new_fields` takes each field's memory from ``alloc(name, size)``.
+
+    ``alloc`` returns a writable array of ``size`` elements of the field's dtype (``FIELD_DTYPES``),
+    in any state: :func:`new_fields` fills it. A loader worker passes its shared-memory block's
+    allocator, so a batch is collated where the trainer's process will read it (no copy after).
+
+    Example:
+        >>> buf = np.full(16, 7, np.int32)
+        >>> with collating_into(lambda name, size: buf[:size]):
+        ...     out = new_fields(2, 4, 0, ("input_ids",))
+        >>> out["input_ids"].base is buf, buf[:8].tolist()
+        (True, [0, 0, 0, 0, 0, 0, 0, 0])
+    """
+
+    def __init__(self, alloc):
+        self.alloc = alloc
+
+    def __enter__(self):
+        global _into
+        self._before, _into = _into, self.alloc
+        return self
+
+    def __exit__(self, *exc) -> None:
+        global _into
+        _into = self._before
+
+
+def new_fields(n: int, seq_len: int, pad_id: int, fields: Sequence[str], flat: bool = False) -> dict[str, np.ndarray]:
+    """The empty arrays of a batch: ``input_ids`` filled with ``pad_id``, the other fields with 0.
+
+    Shaped ``[n, seq_len]``, or ``[n * seq_len]`` with ``flat=True``. Inside :class:`collating_into`
+    the memory comes from its allocator.
+
+    Example:
+        >>> new_fields(1, 3, 9, ("input_ids", "loss_mask"))["input_ids"].tolist()
+        [[9, 9, 9]]
+    """
+    shape = (n * seq_len,) if flat else (n, seq_len)
+    if _into is None:
+        out = {"input_ids": np.full(shape, pad_id, dtype=np.int32) if pad_id else np.zeros(shape, np.int32)}
+        for name in fields[1:]:
+            out[name] = np.zeros(shape, dtype=FIELD_DTYPES[name])
+        return out
+    out = {}
+    for name in fields:
+        values = _into(name, n * seq_len).reshape(shape)
+        values.fill(pad_id if name == "input_ids" else 0)
+        out[name] = values
+    return out
 
 
 def pack(record_indices: np.ndarray, lengths: np.ndarray, seq_len: int, overlong: str = "split") -> list[list[Piece]]:
@@ -183,9 +239,7 @@ def collate(
     """Fill one ``[len(rows), seq_len]`` batch with ``fields``; rows may be empty (all padding)."""
     fields = fields if type(fields) is tuple and fields in _CHECKED else check_fields(fields)
     n = len(rows)
-    out = {"input_ids": np.full((n, seq_len), pad_id, dtype=np.int32)}
-    for name in fields[1:]:
-        out[name] = np.zeros((n, seq_len), dtype=np.int32 if name in ("segment_ids", "positions") else np.uint8)
+    out = new_fields(n, seq_len, pad_id, fields)
     if sum(map(len, rows)) < _FEW_PIECES:
         row_len = _fill_each(out, rows, records)
     else:
@@ -287,9 +341,7 @@ def collate_spans(
     fields = fields if type(fields) is tuple and fields in _CHECKED else check_fields(fields)
     n = len(rows)
     # Flat arrays, written through byte memoryviews and shaped [n, seq_len] once filled.
-    flat = {"input_ids": np.full(n * seq_len, pad_id, dtype=np.int32) if pad_id else np.zeros(n * seq_len, np.int32)}
-    for name in fields[1:]:
-        flat[name] = np.zeros(n * seq_len, dtype=np.int32 if name in ("segment_ids", "positions") else np.uint8)
+    flat = new_fields(n, seq_len, pad_id, fields, flat=True)
     ids8 = memoryview(flat["input_ids"]).cast("B")
     lm = memoryview(flat["loss_mask"]) if "loss_mask" in flat else None
     att = memoryview(flat["attention_mask"]) if "attention_mask" in flat else None

@@ -574,8 +574,14 @@ class LoaderIterator(Closing, Iterator[dict]):
         self._cursor = cursor
         counts = self._planner.counts.pop(cursor.step - 1, {})
         by_source = counts.pop("sources", None)
-        real = batch["attention_mask"] if "attention_mask" in batch else batch["segment_ids"]
-        served = int(np.count_nonzero(real))
+        # Real tokens per row: counted by the worker that built the batch where there is one, so that
+        # the trainer's process does no work per byte of it (engine/processes.py).
+        row_tokens = getattr(self._engine, "row_tokens", None)
+        if row_tokens is None:
+            real = batch["attention_mask"] if "attention_mask" in batch else batch["segment_ids"]
+            served = int(np.count_nonzero(real))
+        else:
+            served = int(row_tokens.sum())
         if type(by_source) is Served or type(by_source) is ServedRows:  # a mixture step: counted many at once
             self._served.append(by_source)
             if len(self._served) >= _SERVED_KEPT:
@@ -588,7 +594,9 @@ class LoaderIterator(Closing, Iterator[dict]):
                 have_t[0] += served
             else:
                 if tokens is None:  # padding over lengths that cost a read, one host: the rows' tokens, from the batch
-                    for i, t in zip(rows, real[: len(rows)].sum(axis=1, dtype=np.int64).tolist()):
+                    if row_tokens is None:
+                        row_tokens = np.count_nonzero(real[: len(rows)], axis=1)
+                    for i, t in zip(rows, row_tokens[: len(rows)].tolist()):
                         have_t[i] += t
                 else:  # (sums in C: a loop over 60 sources cost 4 µs a batch)
                     have_t[:] = map(operator.add, have_t, tokens)
@@ -598,7 +606,7 @@ class LoaderIterator(Closing, Iterator[dict]):
             if self._overlong[policy] is not None:
                 self._overlong[policy] = None if count is None else self._overlong[policy] + count
         self._tokens += served
-        self._slots += real.size
+        self._slots += batch["input_ids"].size
         return batch
 
     def __iter__(self):

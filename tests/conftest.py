@@ -95,3 +95,27 @@ def canon(x, key_order: bool = False):
 def take(it, k: int) -> list:
     """The next ``k`` elements of ``it``, fewer where it ends."""
     return list(itertools.islice(it, k))
+
+
+def loader_processes(pid: int | None = None) -> list:
+    """The worker processes under ``pid`` (this process): forked, or started by multiprocessing's
+    forkserver (a child of the forkserver); the forkserver and the resource tracker themselves are
+    multiprocessing's, shared for the process's life, and not counted."""
+    import psutil
+
+    try:
+        kids = psutil.Process(pid).children(recursive=True)
+    except psutil.NoSuchProcess:
+        return []
+    out = []
+    for p in kids:
+        try:
+            cmd = " ".join(p.cmdline())
+            if p.status() == psutil.STATUS_ZOMBIE or "forkserver import main" in cmd and p.ppid() == (pid or os.getpid()):
+                continue
+            if "resource_tracker import main" in cmd:
+                continue
+        except psutil.NoSuchProcess:
+            continue
+        out.append(p)
+    return out

@@ -19,6 +19,8 @@ import time
 import psutil
 import pytest
 
+from conftest import loader_processes
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 JOB = os.path.join(HERE, "exit_job.py")
 FAULTS = pytest.mark.faults  # the wider matrix (about a minute more): pytest -m faults
@@ -236,7 +238,7 @@ def test_a_dropped_adapter_is_collected_and_stops_its_thread_and_workers(adapter
         pytest.importorskip("jax")
         obj = pytest.importorskip("portable_loader.adapters.jax").JaxLoader(loader)
     next(obj)
-    workers = psutil.Process().children()
+    workers = loader_processes()
     assert len(loader_threads()) > len(before) and workers
     ref = weakref.ref(obj)
     del obj  # neither its own thread nor the exit hook's registry may keep it alive
@@ -269,13 +271,13 @@ class Stubborn:
 
 def test_close_kills_a_worker_that_ignores_sigterm():
     import portable_loader as pl
-    from portable_loader.engine.processes import _WORKER_JOIN_S
+    from portable_loader.engine.workers import _JOIN_S as _WORKER_JOIN_S
 
     src = Stubborn(32)
     src.parent = os.getppid()  # of this process: in the worker, getppid() is this process instead
     it = iter(pl.DataLoader(src, global_batch_size=4, seq_len=8, num_workers=1))
     engine = it._start()  # forks the worker and hands it the first steps (next() would wait forever)
-    workers = psutil.Process().children()
+    workers = loader_processes()
     assert len(workers) == 1
     time.sleep(0.5)  # the worker is now inside a read, SIGTERM ignored
     t0 = time.monotonic()

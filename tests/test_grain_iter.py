@@ -24,7 +24,7 @@ import psutil
 import pytest
 from hypothesis import HealthCheck, assume, given, settings, strategies as st
 
-from conftest import canon, take
+from conftest import canon, loader_processes, take
 from portable_loader.dataset import Dataset, source
 from portable_loader.dataset import iter_iterator as iterator_mod
 from portable_loader.dataset import mp_prefetch as mp_mod
@@ -59,8 +59,7 @@ def workers(n: int):
 
 
 def children() -> set[int]:
-    return {p.pid for p in psutil.Process().children(recursive=True)
-            if p.is_running() and p.status() != psutil.STATUS_ZOMBIE}
+    return {p.pid for p in loader_processes()}
 
 
 @pytest.fixture

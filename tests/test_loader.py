@@ -16,6 +16,7 @@ import portable_loader as pl
 from portable_loader.sampler import LCGSampler
 from portable_loader import collate as C
 from portable_loader.engine import WorkerError
+from conftest import loader_processes
 
 TOKEN_BASE = 10_000  # record r's tokens are r*TOKEN_BASE + 0, 1, 2, ...: every token is unique
 
@@ -345,7 +346,7 @@ class Exploding:
 
 
 def resources():
-    children = psutil.Process().children(recursive=True)
+    children = loader_processes()
     shm = set(os.listdir("/dev/shm")) if os.path.isdir("/dev/shm") else set()
     return len(children), threading.active_count(), shm
 
@@ -400,10 +401,10 @@ def test_no_leaks_after_close_exception_and_keyboard_interrupt(workers):
 def test_killed_worker_is_reported_not_waited_for():
     src = make_source(40)
     before = resources()
-    others = {p.pid for p in psutil.Process().children()}  # what earlier tests left running is not ours to kill
+    others = {p.pid for p in loader_processes()}  # what earlier tests left running is not ours to kill
     it = iter(pl.DataLoader(src, global_batch_size=4, seq_len=16, num_workers=2, prefetch=1))
     take(it, 2)
-    victim = next(p for p in psutil.Process().children() if p.pid not in others)
+    victim = next(p for p in loader_processes() if p.pid not in others)
     victim.kill()  # like the OOM killer: the zombie is left for the loader to find
     with pytest.raises(WorkerError, match="exited unexpectedly with code -9"):
         take(it, 10)

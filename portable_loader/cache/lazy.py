@@ -79,7 +79,8 @@ class RemoteCacheSource(_CacheSource):
         self._reader_cls = ArrowCacheSource if arrow else ArrayRecordCacheSource
         compressed = not arrow and "uncompressed" not in store.manifest.get("array_record_options", "group_size:1")
         self.fork_hazard = (f"{store.url}: this ArrayRecord cache was written compressed (by an older portable_loader); "
-                            "its reader crashes in forked worker processes: rebuild it or use num_workers=0") if compressed else None
+                            "its reader crashes in forked worker processes, so workers start by forkserver for it: "
+                            "rebuild it to have them forked") if compressed else None
 
     @property
     def remote(self) -> dict:

@@ -521,8 +521,8 @@ class ArrayRecordCacheSource(_CacheSource):
         compressed = "uncompressed" not in manifest.get("array_record_options", "group_size:1")
         self.fork_hazard = (
             f"{path}: this ArrayRecord cache was written compressed (by an older portable_loader), and "
-            "its reader crashes in forked worker processes; rebuild it (precache --force) or load "
-            "it with num_workers=0" if compressed else None
+            "its reader crashes in forked worker processes, so workers start by forkserver for it "
+            "(slower to start); rebuild it (precache --force) to have them forked" if compressed else None
         )
 
     @staticmethod

@@ -15,8 +15,9 @@ chunk's first ordinal there and sends it on. A chunk that fails is run again by 
 position at a time, so the elements before the failing one are still served and the error comes up
 where it would without workers.
 
-Workers are forked (on Linux; spawned elsewhere), reopen the datasets' files, end with the iterator
-(``close``, ``with``, garbage collection, interpreter exit) and by themselves if the parent dies.
+Workers start as the loader's do (``engine/workers.py``: forked only where that is safe), talk over
+their own channel (a dead worker is noticed at once), reopen the datasets' files, end with the
+iterator (``close``, ``with``, garbage collection, interpreter exit) and by themselves if the parent dies.
 
 Example:
     >>> import grain
@@ -32,24 +33,19 @@ Example:
 from __future__ import annotations
 
 import collections
-import multiprocessing as mp
 import os
 import pickle
-import queue
-import threading
 import traceback
 
 from portable_loader.dataset.iter_ops import Segment, read_chunk, run_slowly
 from portable_loader.dataset.iter_runtime import Chunk
-from portable_loader.engine.processes import end_workers, worker_setup, worker_tasks
 from portable_loader.engine.threads import WorkerError
-from portable_loader.errors import CacheError
-from portable_loader.lifecycle import hook_last, pid_alive
+from portable_loader.engine.workers import context, end, launch, load, pickled, receive, worker_setup, worker_tasks
+from portable_loader.lifecycle import hook_last
 
 __all__ = ["WorkerPool", "PoolExec"]
 
 POOL_CHUNK = 64  # positions per task: a message costs about as much as a light map over 64 elements
-_POLL_S = 0.2
 
 
 def _dumps(value) -> bytes:
@@ -67,21 +63,20 @@ def _error_info(e: BaseException) -> tuple:
     return blob, type(e).__name__, text
 
 
-def _worker_main(index, count, streams, init_fn, inbox, outbox, parent, from_main) -> None:
+def _worker_main(chan, parent, from_main, index, count, work) -> None:
     worker_setup(from_main)
     try:
-        if os.getppid() != parent:
-            return
         try:
+            streams, init_fn = load(work)
             datasets = [ds.reopen() if hasattr(ds, "reopen") else ds for ds, _ in streams]
             if init_fn is not None:
                 init_fn(index, count)
         except BaseException as e:  # noqa: BLE001
-            outbox.put((None, "fatal", f"mp_prefetch worker {index} (pid {os.getpid()}) failed to start:\n"
-                        + "".join(traceback.format_exception(e))))
+            chan.send((None, "fatal", f"mp_prefetch worker {index} (pid {os.getpid()}) failed to start:\n"
+                       + "".join(traceback.format_exception(e))))
             return
         pending: dict = {}  # (stream, chunk) -> (positions, elements, ordinals, stage input counts)
-        for task in worker_tasks(inbox, parent):
+        for task, _ in worker_tasks(chan, parent):
             kind, key = task[0], task[1]
             if kind == "drop":
                 pending.pop(key, None)
@@ -116,9 +111,9 @@ def _worker_main(index, count, streams, init_fn, inbox, outbox, parent, from_mai
             except Exception:  # noqa: BLE001 - the parent has the chunk run again, one position at a time
                 pending.pop(key[:2], None)
                 reply = ("error", None)
-            outbox.put((key, *reply))
-    finally:
-        outbox.cancel_join_thread()  # nobody may read what is still buffered: do not wait on it
+            chan.send((key, *reply))
+    except OSError:  # the parent is gone
+        return
 
 
 class WorkerPool:
@@ -141,8 +136,7 @@ class WorkerPool:
         self.num_workers, self.buffer, self.init_fn = int(num_workers), max(1, int(buffer)), init_fn
         self.streams: list = []
         self._procs: list = []
-        self._inboxes: list = []
-        self._outboxes: list = []
+        self._chans: list = []
         self._early: dict = {}
         self._stale: set = set()  # (stream, chunk) whose one outstanding reply is to be dropped
         self.started = self.closed = False
@@ -157,32 +151,31 @@ class WorkerPool:
             return
         if self.closed:
             raise ValueError("the iterator is closed")
-        ctx = mp.get_context("fork" if "fork" in mp.get_all_start_methods() else "spawn")
-        for ds, _ in self.streams:
-            hazard = getattr(ds, "fork_hazard", None)
-            if hazard and ctx.get_start_method() == "fork":
-                raise CacheError(hazard)
+        ctx, method = context([ds for ds, _ in self.streams])
+        work = (self.streams, self.init_fn)
+        if method != "fork":
+            work = pickled(f"the mp_prefetch pipeline {[ds for ds, _ in self.streams]!r:.200}", work)
         self.started = True
         hook_last()
-        from_main = threading.current_thread() is threading.main_thread()
         n = self.num_workers
-        self._inboxes = [ctx.Queue() for _ in range(n)]
-        self._outboxes = [ctx.Queue() for _ in range(n)]
-        self._procs = [
-            ctx.Process(target=_worker_main,
-                        args=(i, n, self.streams, self.init_fn, self._inboxes[i], self._outboxes[i], os.getpid(),
-                              from_main),
-                        name=f"portable_loader-mp_prefetch-{i}", daemon=True)
-            for i in range(n)
-        ]
-        for p in self._procs:
-            p.start()
+        try:
+            for i in range(n):
+                proc, chan = launch(ctx, method, _worker_main, (i, n, work), f"portable_loader-mp_prefetch-{i}")
+                self._procs.append(proc)
+                self._chans.append(chan)
+        except BaseException:
+            self.close()
+            raise
 
     def worker_of(self, stream: int, chunk: int) -> int:
         return (chunk + stream) % self.num_workers
 
     def send(self, worker: int, task) -> None:
-        self._inboxes[worker].put(task)
+        try:
+            self._chans[worker].send(task)
+        except OSError:  # its end is closed: it died, and its replies left are of no use now
+            while True:
+                self._receive(worker)  # raises the worker's exit
 
     def _store(self, got) -> None:
         key, kind, value = got
@@ -196,13 +189,16 @@ class WorkerPool:
 
     def drain(self, worker: int) -> None:
         """Take in every reply ``worker`` has sent so far; never waits."""
-        box = self._outboxes[worker]
-        while True:
-            try:
-                got = box.get_nowait()
-            except queue.Empty:
-                return
-            self._store(got)
+        chan = self._chans[worker]
+        while chan.poll(0):
+            self._store(self._receive(worker))
+
+    def _receive(self, worker: int):
+        try:
+            return receive(self._chans[worker], self._procs[worker], f"mp_prefetch worker {worker}")
+        except WorkerError:
+            self.close()
+            raise
 
     def take(self, key):
         """The reply for ``key`` if it has been taken in, else None."""
@@ -210,18 +206,10 @@ class WorkerPool:
 
     def wait(self, worker: int, key):
         """The reply for ``key``: waits for it, and reports a worker that died instead of waiting forever."""
+        if not self._procs:
+            raise WorkerError("the mp_prefetch workers were closed")
         while key not in self._early:
-            try:
-                got = self._outboxes[worker].get(timeout=_POLL_S)
-            except queue.Empty:
-                proc = self._procs[worker]
-                if not proc.is_alive() or not pid_alive(proc.pid):
-                    code = proc.exitcode
-                    self.close()
-                    raise WorkerError(f"mp_prefetch worker {worker} (pid {proc.pid}) exited unexpectedly "
-                                      f"with code {code}") from None
-                continue
-            self._store(got)
+            self._store(self._receive(worker))
         return self._early.pop(key)
 
     def forget(self, stream: int, chunk: int, key, outstanding: bool) -> None:
@@ -235,9 +223,9 @@ class WorkerPool:
 
     def close(self) -> None:
         self.closed = True
-        procs, self._procs = self._procs, []
-        end_workers(procs, self._inboxes, self._outboxes)
-        self._inboxes, self._outboxes, self._early, self._stale = [], [], {}, set()
+        procs, chans, self._procs, self._chans = self._procs, self._chans, [], []
+        end(procs, chans)
+        self._early, self._stale = {}, set()
 
 
 class _InFlight:

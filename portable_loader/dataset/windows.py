@@ -28,7 +28,7 @@ from typing import Sequence
 
 import numpy as np
 
-from portable_loader.collate import _CHECKED, _RAMPS, _RUN_MAX, _RUNS, FIELDS, _ramp, _runs, check_fields, check_token_records
+from portable_loader.collate import _CHECKED, _RAMPS, _RUN_MAX, _RUNS, FIELDS, _ramp, _runs, check_fields, check_token_records, new_fields
 from portable_loader.dataset.base import Dataset, as_indices
 
 __all__ = ["ConcatWindows", "RecordStream", "concat_windows"]
@@ -182,10 +182,8 @@ class ConcatWindows(Dataset):
             raise ValueError(f"these windows hold {self.seq_len} tokens, not seq_len={seq_len}")
         fields = fields if fields in _CHECKED else check_fields(fields)
         n, L = len(rows), self.seq_len
-        ids = np.full((n, L), pad_id, dtype=np.int32) if pad_id else np.zeros((n, L), dtype=np.int32)
-        out = {"input_ids": ids}
-        for name in fields[1:]:
-            out[name] = np.zeros((n, L), dtype=np.int32 if name in ("segment_ids", "positions") else np.uint8)
+        out = new_fields(n, L, pad_id, fields)
+        ids = out["input_ids"]
         lm, att = out.get("loss_mask"), out.get("attention_mask")
         cut = "segment_ids" in out or "positions" in out
         eos = self.stream.eos if cut else None

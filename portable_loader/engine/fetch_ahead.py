@@ -128,6 +128,11 @@ class FetchAhead:
             return cursor.window * self.window  # a window's records are read until its last row is served
         return self.spec.resolve(cursor).samples
 
+    @property
+    def row_tokens(self):
+        """The real tokens per row of the batch just returned, where the engine knows them (workers)."""
+        return getattr(self.engine, "row_tokens", None)
+
     def next(self):
         batch, cursor = self.engine.next()
         self._consumed = self._position(cursor)

@@ -1,13 +1,17 @@
 """Worker processes that fetch and collate planned rows.
 
 The caller's thread takes every step's finished plan (``StepPlans``); workers receive row plans
-that are already fixed, so they cannot change the order. Step ``s`` goes to worker ``s % W`` and comes back on
-that worker's own queue, so results are consumed in step order. Over a source whose lengths cost a
+that are already fixed, so they cannot change the order. Step ``s`` goes to worker ``s % W`` and is
+answered on that worker's own channel, so results are consumed in step order. A worker collates the
+batch straight into a shared-memory block the parent chose for it (``engine/blocks.py``) and answers
+one line; the caller gets numpy arrays over that memory: no batch byte is pickled or copied in the
+trainer's process. How workers start (fork only where it is safe) and how a dead one is noticed:
+``engine/workers.py``. Over a source whose lengths cost a
 tokenization the workers also tokenize ahead the records the planner will size (``engine/ahead.py``);
 their answers share the queues, and a reply that comes before the one awaited is kept until asked for.
 A worker's exception reaches the caller with the worker's traceback; a worker that dies is reported
-instead of waited for; ``close()`` ends every thread and process (SIGKILL if need be), and a worker
-whose parent died without closing it ends by itself (see ``_worker_main``).
+instead of waited for, on every path (batches and lengths alike); ``close()`` ends every process
+(SIGKILL if need be), and a worker whose parent died without closing it ends by itself.
 
 Example:
     >>> import numpy as np
@@ -24,173 +28,108 @@ Example:
 
 from __future__ import annotations
 
-import ctypes
-import multiprocessing as mp
 import os
-import queue
-import signal
-import sys
-import threading
-import time
 import traceback
 
+import numpy as np
+
 from portable_loader.engine.ahead import AHEAD_BLOCKS, Ahead, wanted
+from portable_loader.engine.blocks import Layout, Pool, WorkerBlocks
 from portable_loader.engine.inline import build_batch
 from portable_loader.engine.threads import WorkerError
-from portable_loader.errors import CacheError
-from portable_loader.lifecycle import hook_last, pid_alive
+from portable_loader.engine.workers import context, end, launch, load, pickled, receive, worker_setup, worker_tasks
+from portable_loader.collate import collating_into
+from portable_loader.lifecycle import hook_last
 from portable_loader.step_plans import StepPlans
 
 __all__ = ["ProcessEngine"]
 
-_POLL_S = 0.2
-_WORKER_JOIN_S = 2.0  # per stage of a worker's end: after the stop message, then after SIGTERM
-_PR_SET_PDEATHSIG = 1  # from <linux/prctl.h>
-# Signals a scheduler or a parent sends to end a process. A forked worker inherits the parent's
-# handlers for them, Python's and C's alike: jax.distributed installs a C++ SIGTERM handler (its
-# preemption notice) that swallows the signal, so multiprocessing's exit-time terminate() would
-# not end the worker and its join (no timeout) would hang the parent forever.
-_RESET_SIGNALS = [getattr(signal, n) for n in ("SIGTERM", "SIGHUP", "SIGQUIT", "SIGUSR1", "SIGUSR2")
-                  if hasattr(signal, n)]
+_SPARE_BLOCKS = 2  # blocks a worker keeps beyond its tasks in flight: the batch the caller holds, and one more
 
 
-def _die_with_forking_thread() -> bool:
-    """Linux: have the kernel SIGKILL this process when the thread that forked it ends."""
-    if not sys.platform.startswith("linux"):
-        return False
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        return libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) == 0
-    except (OSError, AttributeError):
-        return False
-
-
-def worker_setup(forked_from_main: bool) -> None:
-    """A forked worker's signals: Ctrl-C is the parent's, the rest default, and die with the parent.
-
-    A parent killed by SIGKILL, or one that exits through os._exit, runs no hook and never sends
-    the stop message: the worker must notice by itself, or it blocks on its inbox forever (an
-    orphan of PID 1 holding the parent's pipes open). PDEATHSIG is immediate, but it fires when
-    the *thread* that forked us ends, not the process: it is only safe when that thread is the
-    main thread (a prefetch thread that forks the workers may end long before the loader does).
-    Otherwise, and off Linux, :func:`worker_tasks` checks every ``_POLL_S`` that the parent lives.
-    """
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's: it closes the workers
-    for sig in _RESET_SIGNALS:
-        signal.signal(sig, signal.SIG_DFL)
-    if forked_from_main:
-        _die_with_forking_thread()
-
-
-def worker_tasks(inbox, parent: int):
-    """The tasks on a worker's inbox, until the stop message (None) or until ``parent`` is gone."""
-    while True:
-        try:
-            task = inbox.get(timeout=_POLL_S)
-        except queue.Empty:
-            if os.getppid() != parent:  # re-parented: ours is gone
-                return
-            continue
-        if task is None:
-            return
-        yield task
-
-
-def _worker_main(index: int, spec, source, inbox, outbox, parent: int, forked_from_main: bool) -> None:
+def _worker_main(chan, parent: int, forked_from_main: bool, index: int, work) -> None:
     worker_setup(forked_from_main)
-    try:
-        if os.getppid() != parent:  # it died before we got here
-            return
-        source = source.reopen()  # file handles and reader threads do not survive fork: open our own
-        for key, payload in worker_tasks(inbox, parent):
-            try:
-                if isinstance(key, tuple):  # ("ahead", block, part): tokenize records, answer their lengths
-                    value = source.tokenize_ahead(*payload)
-                else:
-                    value = build_batch(source, payload, spec.seq_len, spec.pad_id, spec.fields)
-                outbox.put((key, "ok", value))
-            except BaseException as e:  # noqa: BLE001
-                text = "".join(traceback.format_exception(e))
-                outbox.put((key, "error", f"{type(e).__name__} in loader worker {index} (pid {os.getpid()}):\n{text}"))
-    finally:
-        outbox.cancel_join_thread()  # nobody may read what is still buffered: do not wait on it
-
-
-def _join_all(procs, seconds: float) -> None:
-    deadline = time.monotonic() + seconds
-    for p in procs:
-        p.join(timeout=max(0.0, deadline - time.monotonic()))
-
-
-def end_workers(procs: list, inboxes: list, outboxes: list) -> None:
-    """Ask each worker to stop (None on its inbox), end the processes, and close their queues."""
-    for box in inboxes:
+    spec, source = load(work)
+    source = source.reopen()  # file handles and reader threads do not survive a fork: open our own
+    blocks = WorkerBlocks()
+    for task, fds in worker_tasks(chan, parent):
+        kind, key = task[0], task[1]
         try:
-            box.put(None)
-        except (ValueError, OSError):  # a queue already closed
-            pass
-    _end_processes(procs)
-    for box in inboxes:
-        box.close()
-        box.cancel_join_thread()  # unsent tasks of a stopped stream are not needed
-    for box in outboxes:
-        box.close()
-        box.join_thread()
-
-
-def _end_processes(procs) -> None:
-    """Join ``procs`` (already sent their stop message); SIGTERM those still running, then SIGKILL.
-
-    SIGTERM can still fail (a worker stuck in C code, or one whose handler a library replaced
-    between fork and our reset), so SIGKILL ends it: a close never waits forever.
-    """
-    _join_all(procs, _WORKER_JOIN_S)
-    for stop in ("terminate", "kill"):
-        alive = [p for p in procs if p.is_alive()]
-        for p in alive:
-            getattr(p, stop)()
-        _join_all(alive, _WORKER_JOIN_S)
+            if kind == "ahead":  # tokenize records, answer their lengths
+                value = source.tokenize_ahead(*task[2])
+            else:
+                rows, block, size, rows_n, retired = task[2:]
+                blocks.forget(retired)
+                blocks.learn(block, fds[0] if fds else None, size)
+                layout = Layout.of(rows_n, spec.seq_len, spec.fields)
+                with collating_into(blocks.allocator(block, layout)):
+                    batch = build_batch(source, rows, spec.seq_len, spec.pad_id, spec.fields)
+                if not blocks.placed(block, layout, batch):
+                    raise ValueError(f"a batch of {sorted(batch)} does not have the layout of {spec.fields} x "
+                                     f"[{rows_n}, {spec.seq_len}]")
+                real = batch["attention_mask"] if "attention_mask" in batch else batch["segment_ids"]
+                value = np.count_nonzero(real, axis=1).astype(np.int32)  # the loader's stats, counted here
+                del batch, real
+            reply = (key, "ok", value)
+        except BaseException as e:  # noqa: BLE001
+            text = "".join(traceback.format_exception(e))
+            reply = (key, "error", f"{type(e).__name__} in loader worker {index} (pid {os.getpid()}):\n{text}")
+        try:
+            chan.send(reply)
+        except OSError:  # the parent is gone
+            return
 
 
 class ProcessEngine:
     """``spec.num_workers`` processes fetch and collate; the caller's thread takes the plans and
-    reads the batches in order. Each worker receives the spec and the dataset, nothing else."""
+    reads the batches in order. Each worker receives the spec and the dataset, nothing else.
+
+    ``start_method`` says how the workers started (``engine/workers.py``: fork where it is safe).
+    """
 
     def __init__(self, spec, source, plans: StepPlans):
-        ctx = mp.get_context("fork" if "fork" in mp.get_all_start_methods() else "spawn")
-        hazard = source.fork_hazard
-        if hazard and ctx.get_start_method() == "fork":
-            raise CacheError(hazard)
-        self._plans = plans
-        self._sent: list = []  # cursor after each step handed out and not yet consumed
+        ctx, self.start_method = context([source])
+        work = (spec, source) if self.start_method == "fork" else pickled(f"the dataset {source!r:.200}", (spec, source))
+        self._plans, self._spec = plans, spec
+        self._sent: list = []  # (cursor after the step, its block, its layout), per step handed out, not yet consumed
         self._early: dict = {}  # (worker, key) -> (kind, value): replies that came before the one awaited
         self._ahead = None
         self._ended = False
+        self.row_tokens = None  # real tokens per row of the batch last returned, counted by its worker
         n = spec.num_workers
         hook_last()
-        from_main = threading.current_thread() is threading.main_thread()
-        self._inboxes = [ctx.Queue() for _ in range(n)]
-        self._outboxes = [ctx.Queue() for _ in range(n)]
-        self._procs = [
-            ctx.Process(target=_worker_main,
-                        args=(i, spec, source, self._inboxes[i], self._outboxes[i], os.getpid(), from_main),
-                        name=f"portable_loader-worker-{i}", daemon=True)
-            for i in range(n)
-        ]
-        for p in self._procs:
-            p.start()
-        self._depth = n * max(1, spec.prefetch)
-        if wanted(source, spec):
-            self._ahead = Ahead(plans, source, workers=n, send=lambda j, task: self._inboxes[j].put(task),
-                                receive=self._receive)
+        self._procs, self._chans = [], []
+        self._pools = [Pool(max(1, spec.prefetch) + _SPARE_BLOCKS) for _ in range(n)]
         try:
+            for i in range(n):
+                proc, chan = launch(ctx, self.start_method, _worker_main, (i, work), f"portable_loader-worker-{i}")
+                self._procs.append(proc)
+                self._chans.append(chan)
+            self._depth = n * max(1, spec.prefetch)
+            if wanted(source, spec):
+                self._ahead = Ahead(plans, source, workers=n, send=lambda j, task: self._send(j, ("ahead", *task)),
+                                    receive=self._receive)
             self._fill()
         except BaseException:  # the caller never gets this engine to close (a bad row met by the planner)
             self.close()
             raise
 
+    def _send(self, worker: int, task, fds=()) -> None:
+        try:
+            self._chans[worker].send(task, fds)
+        except OSError:  # its end is closed: it died
+            self._dead(worker)
+
+    def _dead(self, worker: int):
+        """Raise worker ``worker``'s end (its channel refused a task): its replies left are of no use now."""
+        try:
+            while True:
+                receive(self._chans[worker], self._procs[worker], f"loader worker {worker}")
+        finally:
+            self.close()
+
     def _fill(self) -> None:
-        ahead, plans = self._ahead, self._plans
+        ahead, plans, spec = self._ahead, self._plans, self._spec
         while not self._ended and len(self._sent) < self._depth:
             if ahead is not None:  # the lengths this step plans from, computed by the workers
                 ahead.ready()
@@ -200,8 +139,12 @@ class ProcessEngine:
                 return
             rows, cursor = planned
             step = cursor.step - 1
-            self._inboxes[step % len(self._procs)].put((step, rows))
-            self._sent.append(cursor)
+            w = step % len(self._procs)
+            pool, layout = self._pools[w], Layout.of(len(rows), spec.seq_len, spec.fields)
+            block, new = pool.take(layout.size)
+            retired, pool.retired = pool.retired, []
+            self._sent.append((cursor, block, layout))
+            self._send(w, ("batch", step, rows, block.id, block.size, layout.rows, retired), (block.fd,) if new else ())
             if ahead is not None:  # queued after the step, so that the step's batch is not held up
                 ahead.dispatch(ahead.block_of(cursor) + AHEAD_BLOCKS)
 
@@ -209,18 +152,14 @@ class ProcessEngine:
         """Worker ``worker``'s reply ``(kind, value)`` for ``key``; replies it sent before are kept."""
         if (worker, key) in self._early:
             return self._early.pop((worker, key))
+        if not self._procs:
+            raise WorkerError("the loader's workers were closed")
         while True:
             try:
-                got, kind, value = self._outboxes[worker].get(timeout=_POLL_S)
-            except queue.Empty:
-                proc = self._procs[worker]
-                # is_alive() stays True for a child someone else already reaped; its pid is gone then.
-                if not proc.is_alive() or not pid_alive(proc.pid):
-                    self.close()
-                    raise WorkerError(
-                        f"loader worker {worker} (pid {proc.pid}) exited unexpectedly with code {proc.exitcode}"
-                    ) from None
-                continue
+                got, kind, value = receive(self._chans[worker], self._procs[worker], f"loader worker {worker}")
+            except WorkerError:
+                self.close()
+                raise
             if got == key:
                 return kind, value
             self._early[(worker, got)] = (kind, value)
@@ -228,21 +167,27 @@ class ProcessEngine:
     def next(self):
         if not self._sent:
             raise StopIteration
-        cursor = self._sent.pop(0)
+        cursor, block, layout = self._sent.pop(0)
         step = cursor.step - 1
-        kind, value = self._receive(step % len(self._procs), step)
+        w = step % len(self._procs)
+        kind, value = self._receive(w, step)
+        self._pools[w].done(block)
         if kind == "error":
             self.close()
             raise WorkerError(value)
+        batch = self._pools[w].arrays(block, layout)
+        self.row_tokens = value
         if self._ahead is not None:
             self._ahead.served(cursor)
         self._fill()
-        return value, cursor
+        return batch, cursor
 
     def close(self) -> None:
         procs, self._procs = self._procs, []
-        end_workers(procs, self._inboxes, self._outboxes)
-        self._inboxes, self._outboxes, self._sent, self._early = [], [], [], {}
+        end(procs, self._chans)
+        for pool in self._pools:
+            pool.close()
+        self._chans, self._sent, self._early = [], [], {}
         self._ended = True
         if self._ahead is not None:
             ahead, self._ahead = self._ahead, None

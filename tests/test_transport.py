@@ -1,0 +1,241 @@
+"""Workers hand batches over in shared memory: no copy in the trainer's process, a held batch never
+overwritten, bounded memory, a dead worker reported on every path, safe start methods."""
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+
+import numpy as np
+import pytest
+from hypothesis import given, settings, strategies as st
+
+import portable_loader as pl
+from portable_loader.engine import WorkerError
+from portable_loader.engine import channel as channel_module
+from portable_loader.engine.workers import fork_hazard
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def corpus(path, tokens=400_000, seed=0):
+    rng = np.random.default_rng(seed)
+    ids = rng.integers(1, 50_000, tokens).astype(np.uint16)
+    ids[rng.choice(tokens, tokens // 700, replace=False)] = 0  # documents of ~700 tokens
+    ids.tofile(path)
+    return pl.pretokenized(str(path), eos_token_id=0)
+
+
+def inline_batches(loader, n):
+    ref = pl.DataLoader(loader.documents, **{**loader.options.kwargs(), "num_workers": 0, "prefetch": 0})
+    with iter(ref) as it:
+        return [next(it) for _ in range(n)]
+
+
+def same(a, b):
+    return a.keys() == b.keys() and all(np.array_equal(a[k], b[k]) for k in a)
+
+
+def batch_maps():
+    """Mappings of batch blocks in this process (anonymous shared memory: nothing in /dev/shm)."""
+    with open("/proc/self/maps") as f:
+        return sum("portable_loader-batch" in line for line in f)
+
+
+@pytest.mark.parametrize("packing", ["concat", True, False])
+def test_batches_are_views_of_shared_memory_equal_to_inline(tmp_path, packing):
+    docs = corpus(tmp_path / "c.bin")
+    loader = pl.DataLoader(docs, global_batch_size=8, seq_len=512, packing=packing, num_workers=2, seed=3)
+    ref = inline_batches(loader, 12)
+    with iter(loader) as it:
+        got = [next(it) for _ in range(12)]   # every batch held: none may be overwritten
+        for b in got:
+            assert all(not v.flags.owndata and v.base is not None for v in b.values())
+    assert all(same(a, b) for a, b in zip(ref, got))
+
+
+@settings(max_examples=12, deadline=None)
+@given(keep=st.lists(st.booleans(), min_size=30, max_size=30), workers=st.integers(1, 3), prefetch=st.integers(1, 3))
+def test_a_held_batch_is_never_overwritten(tmp_path_factory, keep, workers, prefetch):
+    path = tmp_path_factory.mktemp("held") / "c.bin"
+    docs = corpus(path, tokens=60_000)
+    loader = pl.DataLoader(docs, global_batch_size=4, seq_len=256, packing="concat", num_workers=workers,
+                           prefetch=prefetch, seed=1)
+    ref = inline_batches(loader, len(keep))
+    held = {}
+    with iter(loader) as it:
+        for step, k in enumerate(keep):
+            b = next(it)
+            assert same(b, ref[step])
+            if k:
+                held[step] = b
+        maps = batch_maps()
+    for step, b in held.items():  # read after the others were served (and the engine closed)
+        assert same(b, ref[step]), step
+    # Blocks the caller dropped are reused: the pool stays at prefetch + 2 a worker, plus what is held.
+    assert maps <= workers * (prefetch + 2) + len(held)
+
+
+def test_memory_is_bounded_and_freed(tmp_path):
+    docs = corpus(tmp_path / "c.bin")
+    loader = pl.DataLoader(docs, global_batch_size=8, seq_len=512, packing="concat", num_workers=2, prefetch=2)
+    before = batch_maps()
+    with iter(loader) as it:
+        for _ in range(200):
+            next(it)
+        during = batch_maps() - before
+    assert 1 <= during <= 2 * (2 + 2)
+    assert batch_maps() == before   # freed at close, nothing held
+
+
+def test_no_batch_bytes_travel_through_the_channel(tmp_path, monkeypatch):
+    received = []
+    recv_bytes = channel_module.Channel.recv_bytes
+
+    def counting(self):
+        payload, fds = recv_bytes(self)
+        received.append(len(payload))
+        return payload, fds
+
+    monkeypatch.setattr(channel_module.Channel, "recv_bytes", counting)
+    docs = corpus(tmp_path / "c.bin", tokens=2_000_000)
+    loader = pl.DataLoader(docs, global_batch_size=32, seq_len=4096, packing="concat", num_workers=2)
+    with iter(loader) as it:
+        batches = [next(it) for _ in range(10)]
+    size = sum(v.nbytes for v in batches[0].values())
+    assert size > 1_500_000
+    assert len(received) >= 10 and max(received) < 1000, received   # a one-line answer a batch
+
+
+# --- a dead worker, on every path -------------------------------------------------------------------
+
+KILL_JOB = """
+import os, signal, sys, time
+import numpy as np
+import portable_loader as pl
+from portable_loader.engine import WorkerError
+kind = sys.argv[1]
+rng = np.random.default_rng(0)
+ids = rng.integers(1, 50_000, 3_000_000).astype(np.uint16); ids[::900] = 0; ids.tofile("c.bin")
+if kind == "tokenized":
+    from portable_loader.precache import sample_args
+    src, opts = pl.tokenized(**sample_args()), dict(global_batch_size=8, seq_len=256, packing=True, packing_window=64)
+elif kind == "mp_prefetch":
+    src = None
+else:
+    src = pl.pretokenized("c.bin", eos_token_id=0)
+    packing = {"concat": "concat", "packed": True, "padded": False}[kind]
+    opts = dict(global_batch_size=64, seq_len=4096, packing=packing)
+if src is None:
+    from portable_loader import grain
+    ds = grain.MapDataset.range(100_000).map(lambda x: np.full(100_000, x)).to_iter_dataset()
+    it = iter(ds.mp_prefetch(grain.MultiprocessingOptions(num_workers=2)))
+else:
+    it = iter(pl.DataLoader(src, num_workers=2, **opts))
+for _ in range(3):
+    next(it)
+import psutil
+kids = [p for p in psutil.Process().children(recursive=True) if "forkserver" not in " ".join(p.cmdline())]
+os.kill(kids[0].pid, signal.SIGKILL)
+t = time.monotonic()
+try:
+    for _ in range(10_000):
+        next(it)
+except WorkerError as e:
+    print("raised after", round(time.monotonic() - t, 2), "s:", e)
+"""
+
+
+@pytest.mark.parametrize("kind", ["concat", "packed", "padded", "tokenized", "mp_prefetch"])
+def test_a_killed_worker_is_reported_on_every_path(tmp_path, kind):
+    job = tmp_path / "job.py"
+    job.write_text(KILL_JOB)
+    r = subprocess.run([sys.executable, str(job), kind], cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert "raised after" in r.stdout and "exited unexpectedly with code -9 (signal SIGKILL)" in r.stdout, r.stdout + r.stderr
+    assert float(r.stdout.split("raised after")[1].split()[0]) < 5
+
+
+# --- start methods --------------------------------------------------------------------------------
+
+def test_a_threaded_parent_does_not_fork(tmp_path):
+    stop = threading.Event()
+    t = threading.Thread(target=stop.wait, name="trainer-thread")
+    t.start()
+    try:
+        assert "trainer-thread" in fork_hazard()
+        docs = corpus(tmp_path / "c.bin", tokens=50_000)
+        loader = pl.DataLoader(docs, global_batch_size=4, seq_len=128, packing="concat", num_workers=2)
+        with iter(loader) as it:
+            got = [next(it) for _ in range(5)]
+            assert it._engine.start_method in ("forkserver", "spawn")
+    finally:
+        stop.set()
+        t.join()
+    assert all(same(a, b) for a, b in zip(inline_batches(loader, 5), got))
+
+
+JAX_JOB = """
+import warnings, threading
+warnings.simplefilter("error")               # a fork warning would fail the job
+import jax, jax.numpy as jnp, numpy as np
+import portable_loader as pl
+x = jnp.arange(1000.0).sum()                 # the backend and its threads are running
+rng = np.random.default_rng(0)
+rng.integers(1, 1000, 50_000).astype(np.uint16).tofile("c.bin")
+docs = pl.pretokenized("c.bin", eos_token_id=0)
+kw = dict(global_batch_size=4, seq_len=128, packing="concat", seed=2)
+with iter(pl.DataLoader(docs, num_workers=2, **kw)) as it:
+    got = [next(it) for _ in range(6)]
+    method = it._engine.start_method
+with iter(pl.DataLoader(docs, **kw)) as it:
+    ref = [next(it) for _ in range(6)]
+assert all(np.array_equal(a[k], b[k]) for a, b in zip(got, ref) for k in a)
+print("ok", method)
+"""
+
+
+def test_jax_with_workers_no_fork_warning(tmp_path):
+    pytest.importorskip("jax")
+    job = tmp_path / "job.py"
+    job.write_text(JAX_JOB)   # no `if __name__ == "__main__"`: workers must not run the script again
+    r = subprocess.run([sys.executable, str(job)], cwd=tmp_path, capture_output=True, text=True, timeout=180)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split() == ["ok", "forkserver"], r.stdout
+    assert r.stderr == ""
+
+
+def test_a_dataset_that_cannot_travel_is_named(monkeypatch):
+    monkeypatch.setenv("PORTABLE_LOADER_START_METHOD", "forkserver")
+
+    class Locked:
+        def __init__(self):
+            self.lock = threading.Lock()
+
+        def __call__(self, r):
+            return r
+
+    src = pl.source([{"input_ids": np.arange(5)}] * 20).map(Locked(), name="locked")
+    with pytest.raises(TypeError, match=r"cannot be sent to the loader's worker processes.*lock"):
+        next(iter(pl.DataLoader(src, global_batch_size=4, seq_len=8, num_workers=2)))
+
+
+def test_shared_memory_too_small_is_a_clear_error(tmp_path):
+    job = tmp_path / "job.py"
+    job.write_text(textwrap.dedent("""
+        import resource, signal
+        import numpy as np
+        import portable_loader as pl
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (1 << 20, 1 << 20))   # a shared-memory block may not pass 1 MiB
+        src = [{"input_ids": np.arange(50)}] * 100
+        try:
+            next(iter(pl.DataLoader(src, global_batch_size=64, seq_len=4096, num_workers=2)))
+        except OSError as e:
+            print("error:", e)
+    """))
+    r = subprocess.run([sys.executable, str(job)], cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert "shared-memory block" in r.stdout and "num_workers" in r.stdout, r.stdout + r.stderr
