@@ -384,7 +384,8 @@ class DataLoader:
             >>> loader = DataLoader([{"input_ids": np.arange(3)}] * 10, global_batch_size=4, seq_len=8)
             >>> loader.num_steps(1), loader.num_steps(3)
             (3, 8)
-            >>> full = DataLoader([{"input_ids": np.arange(3)}] * 10, global_batch_size=4, seq_len=8, drop_remainder=True)
+            >>> full = DataLoader([{"input_ids": np.arange(3)}] * 10, global_batch_size=4, seq_len=8,
+            ...                   drop_remainder=True)
             >>> full.num_steps(1), full.num_steps(3)   # 10 and 30 records: 2 and 7 full batches of 4
             (2, 7)
         """

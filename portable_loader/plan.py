@@ -522,9 +522,10 @@ class Planner:
         """Global steps in this finite stream (the last one may be partly padding).
 
         The fewest steps, at the schedule's sizes from step 0, that hold every record (padding) or
-        every packed row; with ``drop_remainder``, the most steps those fill completely. Padding: exact arithmetic (through a filter: planning every step, or
-        with ``estimate=True`` the share that passes of ``sample_windows`` spans). Packing: exact
-        by packing every window (O(records)), or with ``estimate=True`` from ``sample_windows`` evenly spaced full windows
+        every packed row; with ``drop_remainder``, the most steps those fill completely. Padding:
+        exact arithmetic (through a filter: planning every step, or with ``estimate=True`` the share
+        that passes of ``sample_windows`` spans). Packing: exact by packing every window
+        (O(records)), or with ``estimate=True`` from ``sample_windows`` evenly spaced full windows
         scaled to all of them.
         """
         if self.total is None:

@@ -77,4 +77,3 @@ def test_a_plain_checkout_on_pythonpath_imports_the_adapters(tmp_path):
     assert out.returncode == 0, out.stderr[-3000:]
     where, editable = json.loads(out.stdout.strip().splitlines()[-1])
     assert where == str(root / "portable_loader" / "adapters" / "torch.py") and not editable
-
