@@ -126,6 +126,17 @@ class BatchSchedule:
         sp = self._spans[bisect.bisect_left(self._span_samples, samples) - 1]
         return sp.step + -(-(samples - sp.samples) // sp.size)
 
+    def full_steps(self, samples: int) -> int:
+        """The most steps from step 0 whose sizes add up to ``samples`` or fewer (every step full).
+
+        Example:
+            >>> s = BatchSchedule([(0, 2), (3, 4)])   # 2, 2, 2, 4, 4, ...
+            >>> [s.full_steps(n) for n in (5, 6, 9, 10)], [s.steps_for(n) for n in (5, 6, 9, 10)]
+            ([2, 3, 3, 4], [3, 3, 4, 4])
+        """
+        k = self.steps_for(samples)
+        return k if self.samples_at(k) == samples else k - 1
+
     # --- resume checks ----------------------------------------------------------------------
 
     def begun(self, step: int, samples: int) -> list:

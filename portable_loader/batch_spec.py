@@ -41,7 +41,8 @@ class BatchSpec:
     """What a global batch is (sizes, packing, fields, seeds, schedule), and this host's part of it.
 
     ``schedule``: the global batch size per step; ``skips``: spans of stream positions
-    (``[start, end)`` in rows served) that are never delivered; ``shard_index``/``shard_count``:
+    (``[start, end)`` in rows served) that are never delivered; ``drop_remainder``: a finite
+    stream's last step is planned only if full; ``shard_index``/``shard_count``:
     which of the global rows this host gets. ``num_workers``/``prefetch`` choose the engine: they
     change how fast batches come, never what they hold. Values are the ``DataLoader``'s, checked.
 
@@ -67,6 +68,7 @@ class BatchSpec:
     shard_count: int = 1
     num_workers: int = 0
     prefetch: int = 2
+    drop_remainder: bool = False
 
     def order(self, source, num_epochs: int | None = ...):
         """Stream position -> record of ``source``: the LCG sampler, a mixture's own order, or the
@@ -90,6 +92,7 @@ class BatchSpec:
             overlong=self.overlong, cheap_lengths=source.cheap_lengths, accept=source.accepts if filters else None,
             filters=filters, skips=self.skips, groups=offsets,
             count_lengths=self.shard_count > 1,  # per-source token counts cover every host's rows
+            drop_remainder=self.drop_remainder,
         )
 
     def local_rows(self, rows: Sequence) -> Sequence:

@@ -37,6 +37,7 @@ __all__ = ["Closing", "close_at_exit", "close_all", "hook_last", "in_finalizer",
 _live: "weakref.WeakKeyDictionary[object, int]" = weakref.WeakKeyDictionary()
 _order = itertools.count()
 _lock = threading.Lock()
+_finalizing = threading.local()  # depth of close() calls from __del__ on this thread (in_finalizer)
 
 
 class Closing:
@@ -66,7 +67,9 @@ class Closing:
     def __exit__(self, *exc) -> None:
         self.close()
 
-    def __del__(self):
+    # The thread-local is bound at definition: an object collected at interpreter shutdown runs this
+    # after the module's globals have been set to None.
+    def __del__(self, _finalizing=_finalizing):
         _finalizing.depth = getattr(_finalizing, "depth", 0) + 1
         try:
             self.close()
@@ -74,9 +77,6 @@ class Closing:
             pass
         finally:
             _finalizing.depth -= 1
-
-
-_finalizing = threading.local()
 
 
 def in_finalizer() -> bool:

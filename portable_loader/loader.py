@@ -108,6 +108,7 @@ class LoaderOptions:
     overlong: str = "auto"
     fields: tuple[str, ...] | None = None
     skip_batches: tuple[tuple[int, int], ...] = ()
+    drop_remainder: bool = False
 
     def kwargs(self) -> dict[str, Any]:
         """The options as ``DataLoader`` keyword arguments."""
@@ -178,6 +179,11 @@ class DataLoader:
     ``skip_batches``: ``[(a, b), ...]``, batches ``a .. b-1`` of the unskipped stream that are never
     delivered (``unskipped(k)`` maps a delivered index to the unskipped one; ``it.skip(n)`` skips on a
     live iterator); a move of the position, not part of the config fingerprint (docs/loader.md).
+    ``drop_remainder`` (Grain's): True leaves out the last batch of a finite stream (``num_epochs``
+    epochs, one stream: a batch may hold the end of one epoch and the start of the next) when it would
+    not be full; every other batch is the same, so states resume across either setting, and
+    ``num_steps``/``steps_per_epoch`` count full batches (floor). False (default): that batch is
+    served, filled up with empty rows.
 
     Example:
         >>> import portable_loader as pl
@@ -188,6 +194,15 @@ class DataLoader:
         ...     batch = next(it); state = it.get_state()
         >>> sorted(batch), batch["input_ids"].shape, state["step"]
         (['attention_mask', 'input_ids', 'loss_mask', 'positions', 'segment_ids'], (8, 512), 1)
+
+        The last batch of a finite stream, when short, is filled with empty rows, or left out:
+
+        >>> five = [{"input_ids": np.arange(1, 4)}] * 5
+        >>> for drop in (False, True):
+        ...     with iter(DataLoader(five, global_batch_size=2, seq_len=4, num_epochs=1, drop_remainder=drop)) as it:
+        ...         print([int(b["attention_mask"].any(axis=1).sum()) for b in it])   # real rows per batch
+        [2, 2, 1]
+        [2, 2]
     """
 
     def __init__(
@@ -210,8 +225,11 @@ class DataLoader:
         overlong: str = "auto",
         fields: Sequence[str] | None = None,
         skip_batches: Sequence[tuple[int, int]] = (),
+        drop_remainder: bool = False,
     ):
         sizes = as_schedule(global_batch_size)
+        if not isinstance(drop_remainder, (bool, np.bool_)):
+            raise ValueError(f"drop_remainder must be True or False, got {drop_remainder!r}")
         skips = _skip_ranges(skip_batches)
         for name, value, low in (
             ("seq_len", seq_len, 1), ("num_workers", num_workers, 0),
@@ -265,7 +283,7 @@ class DataLoader:
             shuffle_shards=self.shuffle_shards, num_epochs=num_epochs,
             skips=tuple((sizes.samples_at(a), sizes.samples_at(b)) for a, b in skips),
             shard_index=self.shard_index, shard_count=self.shard_count, num_workers=self.num_workers,
-            prefetch=self.prefetch,
+            prefetch=self.prefetch, drop_remainder=bool(drop_remainder),
         )
         self.sampler = self.spec.order(source)
         self.config = {
@@ -283,8 +301,10 @@ class DataLoader:
         if self.shuffle == "shards":  # only then: the fingerprints of other configs stay as they were
             self.config["shuffle_shards"] = self.shuffle_shards
         # Not in the config either: a skip moves the position, which the state holds, so a state saved
-        # with or without skips resumes under any skip_batches (a requeued job adds them).
+        # with or without skips resumes under any skip_batches (a requeued job adds them). Nor is
+        # drop_remainder: it serves the same batches and moves only where the stream ends.
         self.skip_batches = skips
+        self.drop_remainder = bool(drop_remainder)
         if skips:
             self._check_skippable(sizes)
         groups = source.source_groups  # a mixture (or a transform over one)
@@ -301,6 +321,7 @@ class DataLoader:
             shard_count=None if shard_count_given is None else self.shard_count,
             packing_window=self.packing_window, pad_id=self.pad_id, overlong="auto" if self.concat else overlong,
             fields=None if fields is None else tuple(self.fields), skip_batches=skips,
+            drop_remainder=self.drop_remainder,
         )
 
     def _check_skippable(self, sizes: BatchSchedule) -> None:
@@ -353,7 +374,8 @@ class DataLoader:
         """Global steps that ``num_epochs`` epochs make (default: the loader's ``num_epochs``).
 
         It is the number of batches a loader with that ``num_epochs`` yields (the last may be partly
-        padding), for a Trainer's ``max_steps``; with a batch-size schedule, at the schedule's sizes. Padding: exact, O(1). Packing: exact by planning
+        padding; with ``drop_remainder``, full batches only), for a Trainer's ``max_steps``; with a
+        batch-size schedule, at the schedule's sizes. Padding: exact, O(1). Packing: exact by planning
         every window (reads every record's length: O(records)), or ``estimate=True`` from 32 evenly
         spaced windows (see docs/loader.md for its error). Through a filter, padding too plans every
         step (tests every record), or estimates from 32 spans of 4,096 positions.
@@ -362,6 +384,10 @@ class DataLoader:
             >>> loader = DataLoader([{"input_ids": np.arange(3)}] * 10, global_batch_size=4, seq_len=8)
             >>> loader.num_steps(1), loader.num_steps(3)
             (3, 8)
+            >>> full = DataLoader([{"input_ids": np.arange(3)}] * 10, global_batch_size=4, seq_len=8,
+            ...                   drop_remainder=True)
+            >>> full.num_steps(1), full.num_steps(3)   # 10 and 30 records: 2 and 7 full batches of 4
+            (2, 7)
         """
         epochs = self.num_epochs if num_epochs is None else num_epochs
         if epochs is None:
@@ -386,7 +412,7 @@ class DataLoader:
         return step
 
     def steps_per_epoch(self, *, estimate: bool = False) -> int:
-        """``num_steps(1)``: the steps of one epoch, its last batch counted even when partial."""
+        """``num_steps(1)``: the steps of one epoch, its last batch counted when partial unless ``drop_remainder``."""
         return self.num_steps(1, estimate=estimate)
 
     def check_state(self, state) -> dict[str, Any]:

@@ -16,6 +16,9 @@ The global record stream is position ``p -> (epoch p // N, sampler(epoch, p % N)
   then depend on earlier steps, as packed ones do. ``MAX_REJECTED`` consecutive rejections (or twice
   the dataset's length, which contains a whole epoch, when that is fewer), or a finite stream with
   no survivor at all, raise ``FilterError`` instead of scanning on forever.
+* ``drop_remainder``: a finite stream's last step, when it would hold fewer rows than its batch size,
+  is not planned (``step`` returns None there, ``num_steps`` counts full steps only). Every other
+  step is the same as without it: only where the stream ends moves.
 * Records longer than ``seq_len`` follow the ``overlong`` policy (``"split"`` only when packing,
   ``"truncate"`` or ``"drop"``); ``counts`` holds, per step planned, how many records each policy
   touched (and ``"filtered"``: records skipped by filters), until the caller takes it. Without
@@ -106,6 +109,7 @@ class Planner:
         skips: tuple[tuple[int, int], ...] = (),
         groups: np.ndarray | None = None,
         count_lengths: bool = False,
+        drop_remainder: bool = False,
     ):
         overlong = overlong or ("split" if packing else "truncate")
         if overlong not in OVERLONG or (overlong == "split" and not packing):
@@ -141,6 +145,7 @@ class Planner:
         # Padding: read lengths for the per-source token counts even where they cost a read (several
         # hosts: no host's batch holds every row).
         self.count_lengths = count_lengths
+        self.drop_remainder = drop_remainder
 
     def records(self, lo: int, hi: int) -> np.ndarray:
         """Record indices at global stream positions ``[lo, hi)``.
@@ -419,6 +424,8 @@ class Planner:
                     if lo == 0:
                         raise self._reject_all(0, None)
                     return None
+            if self.drop_remainder and recs.size < batch:  # only where a finite stream ends
+                return None
             touched = lengths = None  # not counted: reading lengths here would fetch each record twice
             if self._lengths is not None and (self.overlong == "drop" or self.cheap_lengths):
                 lengths = self.lengths_at(lo, hi, recs) if self._accept is None else self._lengths(recs)
@@ -471,6 +478,8 @@ class Planner:
             if self._accept is not None and cur.window == cur.row == 0:
                 raise self._reject_all(0, None)
             return None
+        if self.drop_remainder and len(rows) < batch:  # only where a finite stream ends
+            return None
         self._count(cur.step, touched, rejected)
         if self.groups is not None and self.groups.size <= 2 and not self.count_lengths:
             # one source, one host: its tokens are the batch's, which the consumer counts anyway. Its
@@ -513,9 +522,10 @@ class Planner:
         """Global steps in this finite stream (the last one may be partly padding).
 
         The fewest steps, at the schedule's sizes from step 0, that hold every record (padding) or
-        every packed row. Padding: exact arithmetic (through a filter: planning every step, or
-        with ``estimate=True`` the share that passes of ``sample_windows`` spans). Packing: exact
-        by packing every window (O(records)), or with ``estimate=True`` from ``sample_windows`` evenly spaced full windows
+        every packed row; with ``drop_remainder``, the most steps those fill completely. Padding:
+        exact arithmetic (through a filter: planning every step, or with ``estimate=True`` the share
+        that passes of ``sample_windows`` spans). Packing: exact by packing every window
+        (O(records)), or with ``estimate=True`` from ``sample_windows`` evenly spaced full windows
         scaled to all of them.
         """
         if self.total is None:
@@ -523,7 +533,7 @@ class Planner:
         if not self.packing and self._accept is not None:
             return self._filtered_steps(estimate, sample_windows)
         if not self.packing:
-            return self.sizes.steps_for(self.total)
+            return self._steps_for(self.total)
         nwin = self.num_windows
         if estimate and nwin > sample_windows + 1:
             full = nwin - 1 if self.total % self.window else nwin
@@ -532,7 +542,11 @@ class Planner:
             rows = round(per_window * full) + (self._rows_in(nwin - 1) if full < nwin else 0)
         else:
             rows = sum(self._rows_in(w) for w in range(nwin))
-        return self.sizes.steps_for(rows)
+        return self._steps_for(rows)
+
+    def _steps_for(self, samples: int) -> int:
+        """Steps that serve ``samples`` rows from step 0: the last one partial, or dropped."""
+        return self.sizes.full_steps(samples) if self.drop_remainder else self.sizes.steps_for(samples)
 
     def _rows_in(self, w: int) -> int:
         return len(self._pack_window(w)[0])
@@ -544,7 +558,7 @@ class Planner:
         if estimate and spans > samples + 1:
             picks = np.linspace(0, spans - 2, samples).round().astype(np.int64).tolist()
             passed = sum(int(np.count_nonzero(self._accept(self.records(k * _CHUNK, (k + 1) * _CHUNK)))) for k in picks)
-            return self.sizes.steps_for(round(passed / (samples * _CHUNK) * self.total))
+            return self._steps_for(round(passed / (samples * _CHUNK) * self.total))
         cur, steps = Cursor(0, 0, 0, 0), 0
         while (planned := self.step(cur)) is not None:
             cur, steps = planned[1], steps + 1

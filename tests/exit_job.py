@@ -26,18 +26,7 @@ def source(n=64):
     return [{"input_ids": np.arange(int(rng.integers(1, 40)), dtype=np.int32) + 100 * r} for r in range(n)]
 
 
-def tag_semaphores() -> None:
-    """Name this job's multiprocessing semaphores with the test's tag, so that /dev/shm entries of
-    other processes on the machine (other test runs) are never mistaken for this job's leftovers."""
-    prefix = os.environ.get("PL_TEST_SEMPREFIX")
-    if prefix:
-        import multiprocessing
-
-        multiprocessing.current_process()._config["semprefix"] = prefix
-
-
 def main() -> None:
-    tag_semaphores()
     adapter, prefetch, workers, how = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
     dist, rank, world, port = (sys.argv[5], *map(int, sys.argv[6:9])) if len(sys.argv) > 5 else ("none", 0, 1, 0)
     if dist == "jax":

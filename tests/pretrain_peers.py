@@ -1,4 +1,5 @@
-"""The pretraining peers, imported the way they install beside torch 2.13 (see scripts/test.sh).
+"""The pretraining peers, imported the way they install beside torch 2.13 (see scripts/test.sh):
+from their own folder, ``<venv>/peers``, which importing this module appends to ``sys.path``.
 
 * megatron-core 0.19.2: ``IndexedDataset``, ``IndexedDatasetBuilder``, ``GPTDataset`` (+ config, split,
   and its own ``NullTokenizer`` for a tokenizer-less ``GPTDatasetConfig``). Its package
@@ -22,15 +23,22 @@ from __future__ import annotations
 import functools
 import importlib
 import importlib.util
+import os
 import sys
 import types
 import warnings
 
+# Where scripts/test.sh installs the peers, apart from the venv's packages (their declared dependencies
+# conflict with the venv's): looked in after the venv's own packages, so that nothing here replaces one.
+PEERS = os.path.join(sys.prefix, "peers")
+if os.path.isdir(PEERS) and PEERS not in sys.path:
+    sys.path.append(PEERS)
+_TARGET = f"--no-deps --ignore-requires-python --target {PEERS}"
 INSTALL = {
-    "megatron": "pip install --no-deps --ignore-requires-python megatron-core==0.19.2",
-    "olmo": ("pip install --no-deps ai2-olmo-core==3.0.0 cached-path==1.8.10 && "
+    "megatron": f"pip install {_TARGET} megatron-core==0.19.2",
+    "olmo": (f"pip install {_TARGET} ai2-olmo-core==3.0.0 cached-path==1.8.10 && "
              "pip install dataclass-extensions==0.5.0 bettermap==1.3.1 google-cloud-storage==3.17.1"),
-    "litdata": "pip install --no-deps litdata==0.2.76",
+    "litdata": f"pip install {_TARGET} litdata==0.2.76",
 }
 
 

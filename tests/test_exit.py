@@ -6,6 +6,7 @@ code, the time from the last batch (or the signal) to the exit, and that no work
 /dev/shm entry outlives the job, including when the job is SIGKILLed.
 """
 
+import contextlib
 import itertools
 import os
 import re
@@ -23,6 +24,7 @@ from conftest import loader_processes
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 JOB = os.path.join(HERE, "exit_job.py")
+SEMTAG = os.path.join(HERE, "semtag")
 FAULTS = pytest.mark.faults  # the wider matrix (about a minute more): pytest -m faults
 EXIT_S = 15  # generous (loaded machine): the failures were an abort, or a hang that never ends
 ORPHAN_S = 5  # a worker whose parent died ends within this
@@ -53,12 +55,21 @@ def held_shm(procs) -> set:
     return out
 
 
-def made_by(name: str, pids: set, held: set, tag) -> bool:
-    """Whether a /dev/shm entry is the job's: its semaphores carry the test's tag, ours and torch's
-    names carry the pid that made them (``portable_loader-...-<pid>-...``, ``torch_<pid>_...``), and
-    anything else (Python's random ``psm_<hex>``) counts only if the job was seen holding it."""
-    if name.startswith("sem.mp-"):
-        return tag is None or name.startswith(f"sem.mp-{tag}")
+def tagged_env(env: dict) -> tuple[dict, str]:
+    """``env`` for a job whose every process names its multiprocessing semaphores with a new tag
+    (tests/semtag/sitecustomize.py), and the tag: ``/dev/shm/sem.mp-<tag>-...``."""
+    tag = f"plexit{os.getpid()}n{next(_jobs)}"
+    path = [SEMTAG, *(p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p)]
+    return {**env, "PYTHONPATH": os.pathsep.join(path), "PL_TEST_SEMPREFIX": "/mp-" + tag}, tag
+
+
+def made_by(name: str, pids: set, held: set, tag: str) -> bool:
+    """Whether a /dev/shm entry is the job's: its semaphores carry the test's tag (``tagged_env``),
+    ours and torch's names carry the pid that made them (``portable_loader-...-<pid>-...``,
+    ``torch_<pid>_...``), and anything else (Python's random ``psm_<hex>``, another program's
+    ``sem.mp-<random>``) counts only if the job was seen holding it."""
+    if name.startswith(f"sem.mp-{tag}-"):
+        return True
     return name in held or not pids.isdisjoint(re.split(r"[-_.]", name))
 
 
@@ -86,8 +97,7 @@ def run_job(adapter, prefetch, workers, how, *, dist=None, signal_to_send=None, 
     world = 2 if dist else 1
     port = free_port()
     env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}  # the job sets its own devices
-    tag = f"plexit{os.getpid()}n{next(_jobs)}"
-    env["PL_TEST_SEMPREFIX"] = "/mp-" + tag  # the job's semaphores: /dev/shm/sem.mp-<tag>-...
+    env, tag = tagged_env(env)
     procs = [
         subprocess.Popen([sys.executable, JOB, adapter, str(prefetch), str(workers), how,
                           *([dist, str(r), str(world), str(port)] if dist else [])],
@@ -138,9 +148,10 @@ def run_job(adapter, prefetch, workers, how, *, dist=None, signal_to_send=None, 
     return seconds
 
 
-def assert_no_new_shm(before, pids, held=frozenset(), tag=None, wait=5.0) -> None:
-    """No /dev/shm entry the job (processes ``pids``) made is left. Entries of other processes on the
-    machine (other test runs, torch jobs) come and go meanwhile and are not counted."""
+def assert_no_new_shm(before, pids, held, tag, wait=5.0) -> None:
+    """No /dev/shm entry the job (processes ``pids``, semaphores tagged ``tag``) made is left. Entries
+    of other processes on the machine (other test runs, torch jobs) come and go meanwhile and are
+    not counted."""
 
     def new():
         return {e for e in shm() - before if made_by(e, pids, held, tag)}
@@ -160,38 +171,79 @@ def test_only_the_jobs_own_leftovers_count():
     # resource-tracker child that later tests would count as a worker).
     before = shm()
     me, other = str(os.getpid()), os.urandom(4).hex()
-    foreign = f"psm_{other}"  # another process's Python shared memory, held by none of the job's
+    # Another process's Python shared memory and semaphores (another job's tag among them), held by
+    # none of the job's processes.
+    foreign = [f"psm_{other}", f"sem.mp-{other}", "sem.mp-plexitTAG0-x"]
     ours = [f"torch_{me}_0_1", f"portable_loader-tokenized-{me}-0123456789ab", "sem.mp-plexitTAG-x"]
     held = f"psm_{os.urandom(4).hex()}"  # a name with no pid, seen held by the job
-    made = [foreign, held, *ours]
+    made = [*foreign, held, *ours]
     try:
         for name in made:
             open(os.path.join("/dev/shm", name), "w").close()
         with pytest.raises(AssertionError) as e:
             assert_no_new_shm(before, {me}, {held}, "plexitTAG", wait=0.5)
-        assert all(n in str(e.value) for n in [*ours, held]) and foreign not in str(e.value)
+        assert all(n in str(e.value) for n in [*ours, held]) and not any(n in str(e.value) for n in foreign)
         for name in [held, *ours]:
             os.unlink(os.path.join("/dev/shm", name))
-        assert_no_new_shm(before, {me}, {held}, "plexitTAG")  # the foreign entry is still there: not ours
+        assert_no_new_shm(before, {me}, {held}, "plexitTAG")  # the foreign entries are still there: not ours
     finally:
         for name in made:
             if os.path.exists(os.path.join("/dev/shm", name)):
                 os.unlink(os.path.join("/dev/shm", name))
 
 
+SEMAPHORES = """
+import multiprocessing as mp, sys
+
+def child(q):
+    lock = mp.get_context("spawn").Lock()   # made in the child: its own semaphore
+    q.put(lock._semlock.name)
+
+if __name__ == "__main__":
+    for method in ("spawn", "forkserver"):   # fork's semaphores are unlinked as they are made
+        ctx = mp.get_context(method)
+        q = ctx.Queue()                       # made in the job's own process
+        p = ctx.Process(target=child, args=(q,))
+        p.start()
+        print(q._rlock._semlock.name, q.get(), flush=True)
+        p.join()
+"""
+
+
+def test_every_process_of_a_tagged_job_tags_its_semaphores(tmp_path):
+    # What makes the shared-memory checks count a leaked semaphore of the job's workers (however
+    # they were started) while ignoring every other program's.
+    (tmp_path / "job.py").write_text(SEMAPHORES)
+    env, tag = tagged_env(dict(os.environ))
+    r = subprocess.run([sys.executable, "job.py"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    names = r.stdout.split()
+    assert len(names) == 4 and all(n.startswith(f"/mp-{tag}-") for n in names), names
+    untagged = subprocess.run([sys.executable, "job.py"], cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert not any(tag in n for n in untagged.stdout.split())
+
+
 CHURN = """
-import os, signal, sys, time, torch
+import multiprocessing as mp, signal, sys, time
 from multiprocessing import shared_memory
-torch.multiprocessing.set_sharing_strategy("file_system")   # named /dev/shm/torch_<pid>_... files
+try:
+    import torch
+    torch.multiprocessing.set_sharing_strategy("file_system")   # named /dev/shm/torch_<pid>_... files
+except ImportError:
+    torch = None
 signal.signal(signal.SIGTERM, lambda *a: sys.exit(0))
-tensors, mine = [], []
+tensors, mine, locks = [], [], []
 try:
     print("churning", flush=True)
-    while True:   # torch shared tensors and Python shared memory, made while the job runs, kept a while
-        tensors.append(torch.zeros(64).share_memory_())
+    # torch shared tensors, Python shared memory and semaphores (/dev/shm/sem.mp-<random>), made
+    # while the job runs, kept a while
+    while True:
+        tensors.append(torch.zeros(64).share_memory_() if torch else None)
         mine.append(shared_memory.SharedMemory(create=True, size=64))
+        locks.append(mp.get_context("spawn").Lock())
         if len(mine) > 300:
             tensors.pop(0)
+            locks.pop(0)
             m = mine.pop(0); m.close(); m.unlink()
         time.sleep(0.02)
 finally:
@@ -200,17 +252,25 @@ finally:
 """
 
 
-def test_exit_checks_hold_while_another_process_churns_shared_memory(tmp_path):
-    pytest.importorskip("torch")
+@contextlib.contextmanager
+def another_program_churning_shared_memory(tmp_path):
+    """Another program on the machine makes and removes /dev/shm entries of every kind meanwhile."""
     (tmp_path / "churn.py").write_text(CHURN)
     churn = subprocess.Popen([sys.executable, str(tmp_path / "churn.py")], stdout=subprocess.PIPE, text=True)
     try:
         assert churn.stdout.readline().strip() == "churning"
-        run_job("torch", 0, 2, "raise", want=1)
-        run_job("loader", 2, 2, "normal", want=0)
+        time.sleep(1)  # some of its entries are made after the job's "before" and still there after it
+        yield
     finally:
         churn.terminate()  # it removes what it made
         churn.wait(timeout=30)
+
+
+def test_exit_checks_hold_while_another_process_churns_shared_memory(tmp_path):
+    pytest.importorskip("torch")
+    with another_program_churning_shared_memory(tmp_path):
+        run_job("torch", 0, 2, "raise", want=1)
+        run_job("loader", 2, 2, "normal", want=0)
 
 
 # --- in this process: nothing keeps a dropped loader alive ------------------------------------------

@@ -14,7 +14,7 @@ import pytest
 
 import portable_loader as pl
 from conftest import DATA, GPT2, PHI3, ROOT, need
-from test_exit import assert_no_new_shm
+from test_exit import another_program_churning_shared_memory, assert_no_new_shm, tagged_env
 
 pytestmark = pytest.mark.faults
 
@@ -95,12 +95,12 @@ def _children(pid):
         return []
 
 
-def _interrupt_after(cmd, wait_for, cwd, timeout=20):
+def _interrupt_after(cmd, wait_for, cwd, env=None, timeout=20):
     """Start ``cmd``, wait until ``wait_for(children)`` holds, send SIGINT.
 
     Returns the process, its stderr, the children it had, and the seconds it took to exit.
     """
-    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=cwd)
+    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=cwd, env=env)
     deadline = time.time() + 60
     kids = []
     while time.time() < deadline:
@@ -118,22 +118,27 @@ def _interrupt_after(cmd, wait_for, cwd, timeout=20):
 
 def test_ctrl_c_during_precache(tmp_path):
     out = tmp_path / "c"
-    shm_before = set(os.listdir("/dev/shm"))
-    p, err, kids, seconds = _interrupt_after(cli(*gsm_args(out)), lambda k: len(k) >= 2, cwd=tmp_path)
-    assert p.returncode == 130 and seconds < 10 and "interrupted" in err
-    assert len(kids) >= 2 and not any(k.is_running() and k.status() != psutil.STATUS_ZOMBIE for k in kids)
-    assert visible_caches(out) == [] and not any(e.startswith(".tmp-") for e in os.listdir(out))
-    # only what this job made counts: the machine is shared (other runs' tokenizers spill there too)
-    assert_no_new_shm(shm_before, {str(p.pid), *(str(k.pid) for k in kids)})
+    # only what this job made counts: the machine is shared (other programs' semaphores and
+    # tokenizers' spills come and go in /dev/shm meanwhile)
+    with another_program_churning_shared_memory(tmp_path):
+        shm_before = set(os.listdir("/dev/shm"))
+        env, tag = tagged_env(dict(os.environ))
+        p, err, kids, seconds = _interrupt_after(cli(*gsm_args(out)), lambda k: len(k) >= 2, cwd=tmp_path, env=env)
+        assert p.returncode == 130 and seconds < 10 and "interrupted" in err
+        assert len(kids) >= 2 and not any(k.is_running() and k.status() != psutil.STATUS_ZOMBIE for k in kids)
+        assert visible_caches(out) == [] and not any(e.startswith(".tmp-") for e in os.listdir(out))
+        assert_no_new_shm(shm_before, {str(p.pid), *(str(k.pid) for k in kids)}, set(), tag)
 
 
 def test_ctrl_c_during_loading(tmp_path):
-    shm_before = set(os.listdir("/dev/shm"))
-    cmd = [sys.executable, "-m", "portable_loader", "--steps", "10000000", "--num-workers", "2"]
-    p, err, kids, seconds = _interrupt_after(cmd, lambda k: len(k) >= 2, cwd=tmp_path)
-    assert p.returncode == 130 and seconds < 10 and "interrupted" in err
-    assert len(kids) >= 2 and not any(k.is_running() and k.status() != psutil.STATUS_ZOMBIE for k in kids)
-    assert_no_new_shm(shm_before, {str(p.pid), *(str(k.pid) for k in kids)})
+    with another_program_churning_shared_memory(tmp_path):
+        shm_before = set(os.listdir("/dev/shm"))
+        env, tag = tagged_env(dict(os.environ))
+        cmd = [sys.executable, "-m", "portable_loader", "--steps", "10000000", "--num-workers", "2"]
+        p, err, kids, seconds = _interrupt_after(cmd, lambda k: len(k) >= 2, cwd=tmp_path, env=env)
+        assert p.returncode == 130 and seconds < 10 and "interrupted" in err
+        assert len(kids) >= 2 and not any(k.is_running() and k.status() != psutil.STATUS_ZOMBIE for k in kids)
+        assert_no_new_shm(shm_before, {str(p.pid), *(str(k.pid) for k in kids)}, set(), tag)
 
 
 def test_training_killed_10_times_resumes_the_exact_stream(tmp_path):

@@ -25,7 +25,7 @@ def test_options_are_frozen_and_hold_what_was_given():
 
 def test_with_shard_changes_the_shard_and_nothing_else():
     kw = dict(global_batch_size=6, seq_len=16, seed=2, shuffle=False, num_epochs=1, num_workers=0, prefetch=0,
-              overlong="drop", fields=("input_ids", "attention_mask"))
+              overlong="drop", fields=("input_ids", "attention_mask"), drop_remainder=True)
     loader = pl.DataLoader(SRC, **kw)
     host = loader.with_shard(2, 3)
     assert dataclasses.replace(host.options, shard_index=None, shard_count=None) == loader.options

@@ -12,7 +12,11 @@ right before its opening fence (`<!-- run: processes=2 s3 timeout=120 -->`), for
 - `timeout=S`: seconds before the block (all its runs) counts as hung (default 300).
 
 A block without a marker runs as one plain process. A block is skipped only where a module it imports
-at top level is not installed.
+at top level is not installed. A `text` block right after a python block (nothing but blank lines
+between) is that example's output: what it prints must match it line for line, and the README's
+quoted output of the demo (`bash scripts/demo.sh`) is the demo's, run here. In a quoted output, a
+rate (`... batches/s`, `... tokens/s`) matches any number, and `...` stands for any text the page
+leaves out; everything else (cache names, sizes in bytes, counts, positions) is compared as written.
 
 The README's shell commands are each either run here or a script of this repository.
 """
@@ -88,8 +92,43 @@ def name(page: pathlib.Path) -> str:
     return str(page.relative_to(ROOT))
 
 
+def outputs(path: pathlib.Path) -> dict[int, str]:
+    """The quoted outputs of a page's python blocks: block number (1-based) -> the `text` block right after it."""
+    text, out, found = path.read_text(), {}, list(FENCE.finditer(path.read_text()))
+    number = 0
+    for m, after in zip(found, found[1:] + [None]):
+        if m.group(1) == "python":
+            number += 1
+            if after is not None and after.group(1) == "text" and not text[m.end() : after.start()].strip():
+                out[number] = after.group(2)
+    return out
+
+
+RATE = re.compile(r"[\d,.]+(?= (?:batches|tokens)/s)")
+
+
+def matches_quoted(quoted: str, printed: str) -> list[str]:
+    """The lines where ``printed`` differs from the page's ``quoted`` output (rates masked, ``...`` any text)."""
+    want, got = quoted.rstrip("\n").splitlines(), printed.rstrip("\n").splitlines()
+    bad = [f"{len(want)} lines quoted, {len(got)} printed"] if len(want) != len(got) else []
+    for w, g in zip(want, got):
+        pattern = ".*?".join(re.escape(RATE.sub("\0", part)).replace("\0", r"[\d,.]+") for part in w.split("..."))
+        if not re.fullmatch(pattern, g):
+            bad.append(f"quoted:  {w}\nprinted: {g}")
+    return bad
+
+
+def test_quoted_outputs_compare_what_they_show():
+    assert matches_quoted("x: 2,392 batches/s, 4,830,393 tokens/s, 98.6%", "x: 611 batches/s, 1,234,427 tokens/s, 98.6%") == []
+    assert matches_quoted('{"a": "eb60...", "b": {...}}', '{"a": "eb606cb0", "b": {"c": 1}}') == []
+    assert matches_quoted("state: 412 bytes", "state: 399 bytes")  # a size is compared, not masked
+    assert matches_quoted("chat-2afc (2000 records)", "chat-20c7 (2000 records)")
+    assert matches_quoted("one\ntwo", "one")
+
+
 EXAMPLES = blocks(README, "python")
 SNIPPETS = [(name(page), i + 1, code, words) for page in PAGES for i, (code, words) in enumerate(marked_blocks(page))]
+OUTPUTS = {(name(page), i): out for page in PAGES for i, out in outputs(page).items()}
 
 
 def test_every_python_fence_is_found():
@@ -198,6 +237,30 @@ def test_example_runs_as_written(page, index, code, words, tmp_path, sample_cach
             server.stop()
     late = " (or ran past its timeout)" if time.monotonic() > deadline else ""
     assert not failed, f"{page} example {index} failed{late}:\n{code}\n" + "".join(failed)
+    quoted = OUTPUTS.get((page, index))
+    if quoted is not None:
+        assert options["processes"] is None, f"{page} example {index}: a quoted output needs one plain process"
+        bad = matches_quoted(quoted, (tmp_path / "output-run1-0.txt").read_text())
+        assert not bad, f"{page} example {index} prints other than its quoted output:\n" + "\n".join(bad)
+
+
+def test_the_readme_quotes_the_demos_own_output(tmp_path):
+    # What scripts/demo.sh runs after its install, in a fresh folder: the cache is built there.
+    text = README.read_text()
+    found = list(FENCE.finditer(text))
+    quoted = [after.group(2) for m, after in zip(found, found[1:]) if "bash scripts/demo.sh" in m.group(2)
+              and after.group(1) == "text" and not text[m.end() : after.start()].strip()]
+    assert len(quoted) == 1, "README: the demo's command, its output quoted right after it"
+    r = subprocess.run([sys.executable, "-m", "portable_loader"], cwd=tmp_path, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0 and r.stderr == "", r.stderr[-3000:]
+    bad = matches_quoted(quoted[0], r.stdout)
+    assert not bad, "README's demo output is not what the demo prints:\n" + "\n".join(bad)
+
+
+def test_the_readme_names_where_the_suites_real_data_is_read():
+    # tests/conftest.py reads the real datasets and tokenizers from a folder an environment variable names.
+    variable = re.search(r'environ\.get\("(\w+)"', (ROOT / "tests" / "conftest.py").read_text()).group(1)
+    assert f"`{variable}`" in README.read_text()
 
 
 def test_readme_commands_are_run_here_or_are_scripts_of_the_repository(tmp_path):
