@@ -67,6 +67,8 @@ class Dataset(Capabilities):
         9
     """
 
+    #: ``MapDataset[int]``, as Grain code annotates and subclasses it (the parameter is not checked).
+    __class_getitem__ = classmethod(types.GenericAlias)
     _fingerprint: str | None = None
     #: ``lengths`` answers without reading records (the loader then counts over-long records in
     #: padded mode too; reading every record twice for a count is not worth it).
@@ -193,19 +195,19 @@ class Dataset(Capabilities):
         return list(self.__getitems__(idx.tolist()))
 
     def __iter__(self):
-        """The records in index order, skipping the None a filter leaves; lazy, so an infinite
-        (``repeat()``) dataset can be iterated too.
+        """The records in index order, skipping the None a filter leaves, as Grain's ``iter(MapDataset)``:
+        a :class:`~portable_loader.dataset.iter_iterator.DatasetIterator` of ``to_iter_dataset()``, so
+        it has ``get_state``/``set_state``; lazy, so an infinite (``repeat()``) dataset can be iterated too.
 
         Example:
             >>> from portable_loader.dataset import Dataset
-            >>> list(Dataset.range(6).filter(lambda x: x % 3 > 0))
-            [1, 2, 4, 5]
+            >>> it = iter(Dataset.range(6).filter(lambda x: x % 3 > 0))
+            >>> next(it), it.get_state()["cursor"]
+            (1, {'0.source.position': '00000000000000000002'})
+            >>> list(it)
+            [2, 4, 5]
         """
-        n, chunk = len(self), max(1, int(self._iter_chunk))
-        for lo in range(0, n, chunk):
-            for record in self.__getitems__(list(range(lo, min(n, lo + chunk)))):
-                if record is not None:
-                    yield record
+        return iter(self.to_iter_dataset())
 
     # --- Grain's MapDataset constructors -------------------------------------------------------
 
