@@ -45,6 +45,8 @@ PUBLIC_MODULES = ["grain", "grain.experimental", "grain.transforms", "grain.samp
 #: Tests whose assertion is what portable_loader changes on purpose: test id -> why (docs/grain.md).
 DELIBERATE: dict[str, str] = {}
 IMPL_ENV = "GRAIN_CONFORMANCE_IMPL"
+#: Modules of the wheel that hold tests for other files to run (loaded from the wheel as test files are).
+TEST_HELPERS = ("testing_util",)
 
 
 @functools.lru_cache(maxsize=1)
@@ -109,7 +111,7 @@ class _Shim(importlib.abc.MetaPathFinder, importlib.abc.Loader):
         if fullname != "grain" and not fullname.startswith("grain."):
             return None
         rel = self.root.joinpath(*fullname.split(".")[1:])
-        if fullname.endswith("_test") and rel.with_suffix(".py").exists():
+        if fullname.endswith(("_test",) + TEST_HELPERS) and rel.with_suffix(".py").exists():
             return importlib.util.spec_from_file_location(fullname, rel.with_suffix(".py"))
         return importlib.util.spec_from_loader(fullname, self, is_package=True)
 
@@ -190,36 +192,73 @@ def _uses(node: ast.AST, modules, private, names) -> set[str]:
     return found
 
 
-def private_tests(path: Path, names, root: Path) -> dict[str, set[str]]:
-    """``Class.method`` prefix -> the private names it reaches, for the tests of one file that use any."""
-    tree = ast.parse(path.read_text())
-    modules, private = _aliases(tree, names, root)
-    top = {n.name: n for n in tree.body if isinstance(n, (ast.FunctionDef, ast.ClassDef))}
-    top.update({t.id: n for n in tree.body if isinstance(n, ast.Assign) for t in n.targets if isinstance(t, ast.Name)})
+class _Source:
+    """One parsed file of the wheel: its internal-module aliases, private imports and top-level definitions."""
 
-    def reach(node, members, seen) -> set[str]:
-        found = _uses(node, modules, private, names)
+    def __init__(self, path: Path, names, root: Path):
+        self.tree = ast.parse(path.read_text())
+        self.names = names
+        self.modules, self.private = _aliases(self.tree, names, root)
+        body = self.tree.body
+        self.top = {n.name: n for n in body if isinstance(n, (ast.FunctionDef, ast.ClassDef))}
+        self.top.update({t.id: n for n in body if isinstance(n, ast.Assign) for t in n.targets if isinstance(t, ast.Name)})
+
+    def reach(self, node, members, seen) -> set[str]:
+        """Private names used by ``node`` and by what it calls: module-level helpers, ``self.`` methods."""
+        found = _uses(node, self.modules, self.private, self.names)
         for n in ast.walk(node):
-            key = n.id if isinstance(n, ast.Name) else n.attr if (isinstance(n, ast.Attribute) and isinstance(
-                n.value, ast.Name) and n.value.id in ("self", "cls")) else None
-            target = members.get(key) if isinstance(n, ast.Attribute) else top.get(key)
+            if isinstance(n, ast.Name):
+                target = self.top.get(n.id)
+            elif isinstance(n, ast.Attribute) and isinstance(n.value, ast.Name) and n.value.id in ("self", "cls"):
+                target = members.get(n.attr)
+            else:
+                continue
             if target is not None and id(target) not in seen:
                 seen.add(id(target))
-                found |= reach(target, members, seen)
+                src, node_ = target if isinstance(target, tuple) else (self, target)
+                found |= src.reach(node_, members, seen)
         return found
 
+
+def private_tests(path: Path, names, root: Path) -> dict[str, set[str]]:
+    """``Class.method`` -> the private names it reaches, for every test method of one file.
+
+    Base classes defined in the file or in a test-helper module of the wheel it imports
+    (``testing_util``) lend their methods, as unittest runs them.
+    """
+    main = _Source(path, names, root)
+    sources = {None: main}
+    for alias, module in main.modules.items():
+        if module.endswith(TEST_HELPERS):
+            sources[alias] = _Source(root.joinpath(*module.split(".")[1:]).with_suffix(".py"), names, root)
+
+    def members_of(src: _Source, cls: ast.ClassDef) -> dict:
+        out = {}
+        for base in reversed(cls.bases):
+            if isinstance(base, ast.Name) and isinstance(src.top.get(base.id), ast.ClassDef):
+                out.update(members_of(src, src.top[base.id]))
+            elif isinstance(base, ast.Attribute) and isinstance(base.value, ast.Name) and base.value.id in sources:
+                other = sources[base.value.id]
+                if isinstance(other.top.get(base.attr), ast.ClassDef):
+                    out.update(members_of(other, other.top[base.attr]))
+        out.update({m.name: (src, m) for m in cls.body if isinstance(m, (ast.FunctionDef, ast.AsyncFunctionDef))})
+        return out
+
     out = {}
-    for cls in [n for n in tree.body if isinstance(n, ast.ClassDef)]:
-        members = {m.name: m for m in cls.body if isinstance(m, (ast.FunctionDef, ast.AsyncFunctionDef))}
+    for cls in [n for n in main.tree.body if isinstance(n, ast.ClassDef)]:
+        members = members_of(main, cls)
         fixtures = ("setUp", "setUpClass", "tearDown", "tearDownClass")
-        shared = set().union(*(reach(members[m], members, set()) for m in fixtures if m in members))
-        shared |= set().union(*(reach(b, members, set()) for b in cls.bases))
-        for name, m in members.items():
+        shared = set().union(*(members[m][0].reach(members[m][1], members, set()) for m in fixtures if m in members))
+        for name, (src, m) in members.items():
             if name.startswith("test"):
-                used = shared | reach(m, members, {id(m)})
-                if used:
-                    out[f"{cls.name}.{name}"] = used
+                out[f"{cls.name}.{name}"] = shared | src.reach(m, members, {id(m)})
     return out
+
+
+def method_of(test: str, methods: dict) -> str | None:
+    """The test method a generated test id (``Class.test_x0``, ``Class.test_x_named``) comes from: the longest prefix."""
+    keys = [k for k in methods if test == k or test.startswith(k)]
+    return max(keys, key=len) if keys else None
 
 
 # -- running one file in this process ------------------------------------------------------------------
@@ -283,13 +322,22 @@ def run_file(rel: str, out: Path) -> None:
 
 # -- the report --------------------------------------------------------------------------------------------
 
+def _out_name(rel: str, impl: str) -> str:
+    return f"{impl}-{rel.replace('/', '-')}.jsonl"
+
+
+def _outcomes(path: Path) -> dict[str, dict]:
+    lines = [json.loads(x) for x in path.read_text().splitlines()] if path.exists() else []
+    return {x["id"]: x for x in lines}
+
+
 def run_all(runs: list[tuple[str, str]], outdir: Path, jobs: int, timeout: float) -> dict:
     """Each (file, "real" or "ours") in its own process, ``jobs`` at a time; -> test id -> outcome line."""
     pending, running, results = list(runs), [], {}
     while pending or running:
         while pending and len(running) < jobs:
             rel, impl = pending.pop(0)
-            out = outdir / f"{impl}-{rel.replace('/', '-')}.jsonl"
+            out = outdir / _out_name(rel, impl)
             env = dict(os.environ, **{IMPL_ENV: impl})
             proc = subprocess.Popen([sys.executable, __file__, "--run-file", rel, "--out", str(out)], env=env,
                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -304,8 +352,7 @@ def run_all(runs: list[tuple[str, str]], outdir: Path, jobs: int, timeout: float
                 proc.kill()
             proc.wait()
             running.remove(item)
-            lines = [json.loads(x) for x in out.read_text().splitlines()] if out.exists() else []
-            results[rel] = {x["id"]: x for x in lines}
+            results[rel] = _outcomes(out)
             if late:
                 results[rel]["<timeout>"] = {"id": "<timeout>", "outcome": "error", "error": f"killed after {timeout} s"}
     return results
@@ -322,7 +369,8 @@ def score(files, real, ours, root: Path) -> dict:
         row = {"real_pass": len(base), "compared": 0, "pass": 0, "left_out": 0, "deliberate": 0}
         for test, x in base.items():
             stem = test.split(".")[0] + "." + test.split(".")[1] if test.count(".") else test
-            used = next((v for k, v in static.items() if test == k or test.startswith(k)), None)
+            key = method_of(test, static)
+            used = static[key] if key else None
             y = got.get(test, {"outcome": "error", "error": got.get("<import>", got.get("<timeout>", {})).get(
                 "error", "did not run")})
             if used or y.get("private"):
@@ -348,6 +396,8 @@ def main() -> None:
     p.add_argument("--jobs", type=int, default=2)
     p.add_argument("--timeout", type=float, default=900, help="seconds per file before it is killed")
     p.add_argument("--outdir", default="/tmp/grain_conformance")
+    p.add_argument("--keep", nargs="*", default=[], choices=["real", "ours"],
+                   help="reuse these outcomes from --outdir where there (real Grain's do not change)")
     p.add_argument("--list", action="store_true", help="print every test left out and every failure")
     p.add_argument("--json", help="write the whole report here")
     p.add_argument("--run-file", help=argparse.SUPPRESS)
@@ -358,7 +408,9 @@ def main() -> None:
     files = [f for f in FILES if not a.files or any(s in (f, Path(f).stem) for s in a.files)]
     outdir = Path(a.outdir)
     outdir.mkdir(parents=True, exist_ok=True)
-    results = run_all([(f, i) for f in files for i in ("real", "ours")], outdir, a.jobs, a.timeout)
+    runs = [(f, i) for f in files for i in ("real", "ours")]
+    kept = {r: _outcomes(outdir / _out_name(*r)) for r in runs if r[1] in a.keep and (outdir / _out_name(*r)).exists()}
+    results = {**run_all([r for r in runs if r not in kept], outdir, a.jobs, a.timeout), **kept}
     report = score(files, {f: results[(f, "real")] for f in files}, {f: results[(f, "ours")] for f in files}, wheel())
     if a.json:
         Path(a.json).write_text(json.dumps(report, indent=1))

@@ -186,10 +186,27 @@ class Dataset(Capabilities):
 
     def __getitem__(self, key):
         """``ds[i]`` a record (None where a filter rejected it), ``ds[a:b:c]`` a :meth:`slice` view,
-        ``ds[[i, j]]`` a list of records; out of range is an ``IndexError`` (Grain would wrap around)."""
+        ``ds[[i, j]]`` a list of records.
+
+        An integer ``i >= len(ds)`` reads epoch ``i // len(ds)`` at ``i % len(ds)``, as Grain does: a
+        shuffle below draws that epoch's order, a random map that epoch's seeds (``repeat`` reads
+        epochs the same way). A list or array of indices (not Grain's) stays bounds-checked, as do
+        ``__getitems__`` of sources and caches: an ``IndexError`` there is a caller's bug, not an
+        epoch. A negative index below ``-len(ds)``, an empty dataset or a key that is not an
+        integer, a slice or a sequence of integers raises.
+
+        Example:
+            >>> from portable_loader.dataset import Dataset
+            >>> ds = Dataset.range(4).shuffle(seed=0)
+            >>> sorted(ds[i] for i in range(4, 8)), [ds[i] for i in range(4)] == ds[[0, 1, 2, 3]]
+            ([0, 1, 2, 3], True)
+        """
         if isinstance(key, slice):
             return self.slice(key)
-        idx = parse_index(key, len(self))
+        n = len(self)
+        if n and _is_index(key) and int(key) >= n:
+            return self.__getitems__(within(self, [int(key)]))[0]
+        idx = parse_index(key, n)
         if isinstance(idx, int):
             return self.__getitems__([idx])[0]
         return list(self.__getitems__(idx.tolist()))
@@ -418,6 +435,10 @@ class Dataset(Capabilities):
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(records={len(self)}, fingerprint={self.fingerprint()})"
+
+
+def _is_index(key) -> bool:
+    return isinstance(key, (int, np.integer)) and not isinstance(key, bool)
 
 
 def as_indices(indices) -> np.ndarray:

@@ -39,6 +39,8 @@ from portable_loader.dataset.iter_pack import BestFitPackIterDataset, FirstFitPa
 from portable_loader.dataset.transforms import apply_transformations
 from portable_loader.grain._unsupported import refused
 from portable_loader.grain.elastic import ElasticIterator
+from portable_loader.grain.performance import (PerformanceConfig, ThreadPrefetchIterDataset, multithread_prefetch,
+                                                pick_performance_config)
 from portable_loader.grain.testing import assert_equal_output_after_checkpoint
 from portable_loader.grain.transforms import FlatMap as FlatMapTransform
 from portable_loader.grain.transforms import MapWithIndex as MapWithIndexTransform
@@ -47,7 +49,9 @@ from portable_loader.sampler import LCGSampler
 
 __all__ = ["BOSHandling", "BestFitPackIterDataset", "ConcatThenSplitIterDataset", "ElasticIterator",
            "FirstFitPackIterDataset", "FlatMapIterDataset", "FlatMapMapDataset", "FlatMapTransform",
-           "MapWithIndexTransform", "apply_transformations", "assert_equal_output_after_checkpoint", "batch_and_pad", "index_shuffle"]
+           "MapWithIndexTransform", "PerformanceConfig", "ThreadPrefetchIterDataset", "apply_transformations",
+           "assert_equal_output_after_checkpoint", "batch_and_pad", "index_shuffle", "multithread_prefetch",
+           "pick_performance_config"]
 
 _NOT = "not supported"
 #: Grain 0.2.18's other ``grain.experimental`` names: (status, why).
@@ -60,17 +64,13 @@ MISSING = {
     "PackAndBatchOperation": (_NOT, "an operation of Grain's legacy DataLoader; pl.DataLoader(packing=True) packs"),
     "ParquetIterDataset": (_NOT, "pl.source / pl.precache read Parquet files as random-access datasets"),
     "TFRecordIterDataset": (_NOT, "TFRecord is sequential only; convert it, or use ArrayRecord"),
-    "PerformanceConfig": (_NOT, "autotuning of Grain's own engine"),
-    "pick_performance_config": (_NOT, "autotuning of Grain's own engine"),
     "RebatchIterDataset": (_NOT, "batch the unbatched stream instead"),
     "RepeatIterDataset": (_NOT, "use MapDataset.repeat before to_iter_dataset"),
     "RngPool": (_NOT, "random_map draws from a generator keyed by the element; no pool is needed"),
     "ShapeDtypeStruct": (_NOT, "element specs are not computed here"),
     "ShapeDtypeStructProtocol": (_NOT, "element specs are not computed here"),
     "get_element_spec": (_NOT, "element specs are not computed here"),
-    "ThreadPrefetchIterDataset": (_NOT, "to_iter_dataset(read_options=ReadOptions(...)) reads ahead with threads"),
     "ThreadPrefetchDatasetIterator": (_NOT, "to_iter_dataset(read_options=ReadOptions(...)) reads ahead with threads"),
-    "multithread_prefetch": (_NOT, "to_iter_dataset(read_options=ReadOptions(...)) reads ahead with threads"),
     "WindowShuffleIterDataset": (_NOT, "MapDataset.shuffle is a global shuffle in O(1) memory here"),
     "WindowShuffleMapDataset": (_NOT, "MapDataset.shuffle is a global shuffle in O(1) memory here"),
     "WithOptionsIterDataset": (_NOT, "options of Grain's own execution engine"),
