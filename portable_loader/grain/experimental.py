@@ -37,6 +37,7 @@ from portable_loader.dataset.iter_concat_split import BOSHandling, ConcatThenSpl
 from portable_loader.dataset.iter_flat_map import FlatMapIterDataset
 from portable_loader.dataset.iter_pack import BestFitPackIterDataset, FirstFitPackIterDataset
 from portable_loader.dataset.transforms import apply_transformations
+from portable_loader.dataset.window_shuffle import WindowShuffle as WindowShuffleMapDataset
 from portable_loader.grain._unsupported import refused
 from portable_loader.grain.elastic import ElasticIterator
 from portable_loader.grain.performance import (PerformanceConfig, ThreadPrefetchIterDataset, multithread_prefetch,
@@ -49,7 +50,8 @@ from portable_loader.sampler import LCGSampler
 
 __all__ = ["BOSHandling", "BestFitPackIterDataset", "ConcatThenSplitIterDataset", "ElasticIterator",
            "FirstFitPackIterDataset", "FlatMapIterDataset", "FlatMapMapDataset", "FlatMapTransform",
-           "MapWithIndexTransform", "PerformanceConfig", "ThreadPrefetchIterDataset", "apply_transformations",
+           "MapWithIndexTransform", "PerformanceConfig", "ThreadPrefetchIterDataset", "WindowShuffleMapDataset",
+           "apply_transformations",
            "assert_equal_output_after_checkpoint", "batch_and_pad", "index_shuffle", "multithread_prefetch",
            "pick_performance_config"]
 
@@ -71,8 +73,8 @@ MISSING = {
     "ShapeDtypeStructProtocol": (_NOT, "element specs are not computed here"),
     "get_element_spec": (_NOT, "element specs are not computed here"),
     "ThreadPrefetchDatasetIterator": (_NOT, "to_iter_dataset(read_options=ReadOptions(...)) reads ahead with threads"),
-    "WindowShuffleIterDataset": (_NOT, "MapDataset.shuffle is a global shuffle in O(1) memory here"),
-    "WindowShuffleMapDataset": (_NOT, "MapDataset.shuffle is a global shuffle in O(1) memory here"),
+    "WindowShuffleIterDataset": (_NOT, "shuffle the MapDataset (globally, or WindowShuffleMapDataset) before "
+                                       "to_iter_dataset"),
     "WithOptionsIterDataset": (_NOT, "options of Grain's own execution engine"),
     "ZipIterDataset": (_NOT, "read two random-access datasets at one index with map_with_index instead"),
     "ZipMapDataset": (_NOT, "read two random-access datasets at one index with map_with_index instead"),
