@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import ast
+import fnmatch
 import functools
 import importlib
 import importlib.abc
@@ -42,8 +43,18 @@ FILES = ["dataset/dataset_test.py"] + [f"dataset/transformations/{n}_test.py" fo
     "packing_concat_then_split")] + ["dataset/elastic_iterator_test.py", "samplers_test.py", "data_loader_test.py"]
 PUBLIC_MODULES = ["grain", "grain.experimental", "grain.transforms", "grain.samplers", "grain.sharding", "grain.sources",
                   "grain.checkpoint", "grain.constants", "grain.multiprocessing", "grain.python"]
+_OTHER_MIXTURE = "a state of another mixture (other weights or datasets) is refused with a StateError"
+_WORKERS = "the element stream does not depend on the worker count (Grain's interleaves per-worker slices)"
 #: Tests whose assertion is what portable_loader changes on purpose: test id -> why (docs/grain.md).
-DELIBERATE: dict[str, str] = {}
+DELIBERATE: dict[str, str] = {
+    "MixedIterDatasetTest.test_checkpoint_recovery_with_different_mixture": _OTHER_MIXTURE,
+    "MixedIterDatasetTest.test_checkpoint_recovery_with_fewer_datasets": _OTHER_MIXTURE,
+    "MixedIterDatasetTest.test_checkpoint_recovery_with_more_datasets": _OTHER_MIXTURE,
+    # Grain's expected batches with 2 and 3 workers are its per-worker interleaving of a filtered stream.
+    "DataLoaderTest_*.test_data_loader_checkpointing_same_object[456]": _WORKERS,
+    "DataLoaderTest_*.test_data_loader_checkpointing_object_reconstruction[45]": _WORKERS,
+    "DatasetTest.test_prefetch_with_slice_source": _WORKERS,
+}
 IMPL_ENV = "GRAIN_CONFORMANCE_IMPL"
 #: Modules of the wheel that hold tests for other files to run (loaded from the wheel as test files are).
 TEST_HELPERS = ("testing_util",)
@@ -104,8 +115,8 @@ class _Private:
 class _Shim(importlib.abc.MetaPathFinder, importlib.abc.Loader):
     """``grain`` -> ``portable_loader.grain``; ``grain._src.X`` -> X's public names; ``*_test`` files from the wheel."""
 
-    def __init__(self, root: Path):
-        self.root, self.names = root, public_map(root)
+    def __init__(self, root: Path, real: dict):
+        self.root, self.names, self.real = root, public_map(root), real
 
     def find_spec(self, fullname, path=None, target=None):
         if fullname != "grain" and not fullname.startswith("grain."):
@@ -124,7 +135,10 @@ class _Shim(importlib.abc.MetaPathFinder, importlib.abc.Loader):
         def attr(name):
             if name in mapped:
                 public, new = mapped[name]
-                return getattr(importlib.import_module("portable_loader.grain" + public[len("grain"):]), new)
+                try:
+                    return getattr(importlib.import_module("portable_loader.grain" + public[len("grain"):]), new)
+                except ImportError:  # a name portable_loader.grain takes from real Grain (its ArrayRecordDataSource)
+                    return getattr(self.real[public], new)
             if name.startswith("__"):
                 raise AttributeError(name)
             sub = self.root.joinpath(*spec.name.split(".")[1:], name)
@@ -136,14 +150,20 @@ class _Shim(importlib.abc.MetaPathFinder, importlib.abc.Loader):
         return module
 
     def exec_module(self, module):
-        module.__path__ = []
+        if not module.__name__.startswith("portable_loader"):  # ours keep their own __path__
+            module.__path__ = []
 
 
 def install_shim() -> None:
-    """Make ``import grain...`` resolve to ``portable_loader.grain`` (see the module docstring)."""
+    """Make ``import grain...`` resolve to ``portable_loader.grain`` (see the module docstring).
+
+    Real Grain's public modules are imported first and kept, for the few names portable_loader.grain
+    takes from real Grain (``sources.ArrayRecordDataSource``, ``config``, ...).
+    """
+    real = {name: importlib.import_module(name) for name in PUBLIC_MODULES}
     for name in [n for n in sys.modules if n == "grain" or n.startswith("grain.")]:
         del sys.modules[name]
-    sys.meta_path.insert(0, _Shim(wheel()))
+    sys.meta_path.insert(0, _Shim(wheel(), real))
 
 
 if os.environ.get(IMPL_ENV) == "ours":  # worker processes started by spawn import this file again
@@ -361,14 +381,13 @@ def run_all(runs: list[tuple[str, str]], outdir: Path, jobs: int, timeout: float
 def score(files, real, ours, root: Path) -> dict:
     """Counts and lists per file: compared, passed, left out (private), deliberate, failed."""
     names = public_map(root)
-    report = {"files": {}, "left_out": {}, "deliberate": {}, "failed": {}}
+    report = {"files": {}, "left_out": {}, "deliberate": {}, "failed": {}, "passed": {}}
     for rel in files:
         static = private_tests(root / "_src" / "python" / rel, names, root)
         base = {t: x for t, x in real.get(rel, {}).items() if x["outcome"] == "pass"}
         got = ours.get(rel, {})
         row = {"real_pass": len(base), "compared": 0, "pass": 0, "left_out": 0, "deliberate": 0}
         for test, x in base.items():
-            stem = test.split(".")[0] + "." + test.split(".")[1] if test.count(".") else test
             key = method_of(test, static)
             used = static[key] if key else None
             y = got.get(test, {"outcome": "error", "error": got.get("<import>", got.get("<timeout>", {})).get(
@@ -377,13 +396,15 @@ def score(files, real, ours, root: Path) -> dict:
                 row["left_out"] += 1
                 report["left_out"][f"{rel}::{test}"] = sorted(used) if used else [y["error"]]
                 continue
-            if test in DELIBERATE or stem in DELIBERATE:
+            why = next((w for k, w in DELIBERATE.items() if k == key or fnmatch.fnmatchcase(test, k)), None)
+            if why:
                 row["deliberate"] += 1
-                report["deliberate"][f"{rel}::{test}"] = DELIBERATE.get(test, DELIBERATE.get(stem))
+                report["deliberate"][f"{rel}::{test}"] = why
                 continue
             row["compared"] += 1
             if y["outcome"] == "pass":
                 row["pass"] += 1
+                report["passed"].setdefault(rel, []).append(test)
             else:
                 report["failed"][f"{rel}::{test}"] = y.get("error", y["outcome"])
         report["files"][rel] = row

@@ -54,7 +54,10 @@ def forward(module: str, name: str):
         >>> forward("grain.constants", "INDEX")
         '_index'
     """
-    return getattr(importlib.import_module(module), name)
+    found = importlib.import_module(module)
+    if found.__name__.startswith("portable_loader"):  # `grain` is an alias of this package here: no real Grain
+        raise ImportError(f"{module}.{name} is real Grain's own object, but 'grain' is portable_loader.grain here")
+    return getattr(found, name)
 
 
 class _Refusing(type):
