@@ -596,3 +596,23 @@ def test_legacy_operations_give_grains_batches(workers):
     assert [b.tolist() for b in loader(pg, ours, workers)] == want
     with pytest.raises(ValueError, match="error when calling map function"):
         list(pg.MapDataset.range(3).map(ours.MapOperation(lambda x: 1 / 0)))
+
+
+def test_maxtexts_imports_resolve():
+    # MaxText's input pipeline: `import grain.python as grain` and these grain.experimental names, at import.
+    from portable_loader.grain import python as grain
+    from portable_loader.grain.experimental import (InterleaveIterDataset, ParquetIterDataset,  # noqa: F401
+                                                    TFRecordIterDataset, WindowShuffleIterDataset,
+                                                    pick_performance_config)
+
+    for name in ("MapTransform", "RandomMapTransform", "RandomAccessDataSource", "ArrayRecordDataSource",
+                 "ShardOptions", "PyGrainCheckpointHandler", "MapDataset", "ReadOptions", "MultiprocessingOptions"):
+        assert getattr(grain, name) is not None
+    import grain as real
+
+    def config(g, pick):
+        ds = g.MapDataset.range(64).map(lambda i: np.zeros(1 << 18, np.uint8)).to_iter_dataset().batch(4)
+        c = pick(ds, ram_budget_mb=4, max_workers=8, max_buffer_size=None)
+        return c.multiprocessing_options.num_workers, c.read_options.prefetch_buffer_size
+
+    assert config(grain, pick_performance_config) == config(real, real.experimental.pick_performance_config) == (4, 16)
