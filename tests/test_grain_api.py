@@ -193,11 +193,19 @@ def test_options_and_records_have_grains_fields_and_defaults():
         pg.sharding.ShardOptions(3, 3)
 
 
-def test_unsupported_names_raise_a_clear_error_even_through_from_import():
-    with pytest.raises(NotImplementedError, match="ZipMapDataset is not supported"):
-        pg.experimental.ZipMapDataset
+def test_unsupported_names_import_and_raise_a_clear_error_when_used():
+    # Grain code imports and annotates with names it may never call (Grain's own tests, MaxText).
+    from portable_loader.grain.experimental import ZipIterDataset, device_put
+
+    with pytest.raises(NotImplementedError, match="ZipIterDataset is not supported"):
+        ZipIterDataset([])
+    with pytest.raises(NotImplementedError, match="device_put is not supported"):
+        device_put(None)
     with pytest.raises(NotImplementedError, match="not supported"):
-        from portable_loader.grain.experimental import ZipIterDataset  # noqa: F401
+        class Sub(ZipIterDataset):  # noqa: F841
+            pass
+    assert not isinstance(pg.MapDataset.range(3), ZipIterDataset)
+    assert pg.experimental.ZipIterDataset is ZipIterDataset
     with pytest.raises(AttributeError):
         pg.experimental.NoSuchThing
 
@@ -557,7 +565,54 @@ def test_the_handler_saves_and_restores_portable_loaders_own_loader_iterator(tmp
     assert all(np.array_equal(got[k], expected[k]) for k in expected)
 
 
-def test_grain_python_is_refused_with_a_reason():
-    # Real Grain lists `python` among its names once anything imported grain.python (our sampler does).
-    with pytest.raises(NotSupportedError, match="backwards-compatibility"):
-        pg.python
+def test_grain_python_has_grains_names_as_the_same_objects():
+    import grain.python as real
+
+    from portable_loader.grain import python as ours
+
+    assert sorted(n for n in dir(real) if not n.startswith("_")) == sorted(ours.__all__)
+    for name in ours.__all__:
+        getattr(ours, name)
+    assert ours.MapTransform is pg.transforms.Map and ours.ShardOptions is pg.sharding.ShardOptions
+    assert ours.PyGrainCheckpointHandler is pg.checkpoint.CheckpointHandler and ours.MapDataset is pg.MapDataset
+    assert ours.ArrayRecordDataSource is real.ArrayRecordDataSource  # Grain's own reader
+    assert pg.python is ours and ours.experimental.FirstFitPackIterDataset is pg.experimental.FirstFitPackIterDataset
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_legacy_operations_give_grains_batches(workers):
+    import grain as real
+    import grain.python as real_python
+
+    from portable_loader.grain import python as ours
+
+    def loader(g, gp, w):
+        return g.DataLoader(data_source=list(range(23)), sampler=g.samplers.IndexSampler(23, num_epochs=1, seed=0),
+                            operations=[gp.MapOperation(lambda x: x * 3), gp.FilterOperation(lambda x: x % 2 == 0),
+                                        gp.RandomMapOperation(lambda x, rng: x + int(rng.integers(0, 1000))),
+                                        gp.BatchOperation(batch_size=4)], worker_count=w)
+
+    want = [b.tolist() for b in loader(real, real_python, 0)]
+    assert [b.tolist() for b in loader(pg, ours, workers)] == want
+    with pytest.raises(ValueError, match="error when calling map function"):
+        list(pg.MapDataset.range(3).map(ours.MapOperation(lambda x: 1 / 0)))
+
+
+def test_maxtexts_imports_resolve():
+    # MaxText's input pipeline: `import grain.python as grain` and these grain.experimental names, at import.
+    from portable_loader.grain import python as grain
+    from portable_loader.grain.experimental import (InterleaveIterDataset, ParquetIterDataset,  # noqa: F401
+                                                    TFRecordIterDataset, WindowShuffleIterDataset,
+                                                    pick_performance_config)
+
+    for name in ("MapTransform", "RandomMapTransform", "RandomAccessDataSource", "ArrayRecordDataSource",
+                 "ShardOptions", "PyGrainCheckpointHandler", "MapDataset", "ReadOptions", "MultiprocessingOptions"):
+        assert getattr(grain, name) is not None
+    import grain as real
+
+    def config(g, pick):
+        ds = g.MapDataset.range(64).map(lambda i: np.zeros(1 << 18, np.uint8)).to_iter_dataset().batch(4)
+        c = pick(ds, ram_budget_mb=4, max_workers=8, max_buffer_size=None)
+        return c.multiprocessing_options.num_workers, c.read_options.prefetch_buffer_size
+
+    assert config(grain, pick_performance_config) == config(real, real.experimental.pick_performance_config) == (4, 16)

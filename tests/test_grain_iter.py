@@ -14,7 +14,9 @@ from __future__ import annotations
 import functools
 import gc
 import json
+import logging
 import os
+import re
 import threading
 import time
 
@@ -32,6 +34,7 @@ from portable_loader.dataset.iter_dataset import DatasetIterator, IterDataset, t
 from portable_loader.dataset.random_map import keyed
 from portable_loader.engine.threads import WorkerError
 from portable_loader.errors import StateError
+from portable_loader import grain as pg
 
 
 # --- helpers -------------------------------------------------------------------------------------
@@ -605,3 +608,19 @@ def test_an_endless_stream_whose_filter_rejects_everything_raises_instead_of_han
         next(it)
     finite = Dataset.range(1, 2).repeat(2).to_iter_dataset().filter(lambda x: x != 1)
     assert list(finite) == []  # a finite stream with no survivor simply ends
+
+
+def test_a_filter_that_drops_nearly_everything_warns_as_grain(caplog):
+    # Grain 0.2.18 warns when a 1,000-element window loses >= 90% (filter_test::test_filter_all_elements_warns).
+    class FilterAllElements(pg.transforms.Filter):
+        def filter(self, x):
+            return False
+
+    with caplog.at_level(logging.WARNING):
+        assert list(pg.MapDataset.range(0, 1000).to_iter_dataset().filter(FilterAllElements())) == []
+    assert re.search(r"Transformation FilterDatasetIterator\(transform=FilterAllElements\) skipped 100.00 % of the "
+                     r"last seen 1000 elements.", caplog.text)
+    caplog.clear()
+    with caplog.at_level(logging.WARNING):
+        assert len(list(pg.MapDataset.range(0, 3000).to_iter_dataset().filter(lambda x: x % 2))) == 1500
+    assert "skipped" not in caplog.text

@@ -94,12 +94,10 @@ def test_getitem_negative_and_out_of_range():
     g, d = G.range(3, 10), MapDataset.range(3, 10)
     assert [d[i] for i in range(-7, 7)] == [g[i] for i in range(-7, 7)]
     assert d[np.int64(-2)] == g[-2]
-    # Grain reads an index past the end from the next epoch (g[7] == g[0]); ours is an IndexError,
-    # the package's one indexing rule: a silent wrap-around would train on the wrong records.
-    assert g[7] == g[0]
-    for bad in (7, -8):
-        with pytest.raises(IndexError):
-            d[bad]
+    # An integer past the end reads the next epoch, as Grain's does; below -len stays an IndexError here.
+    assert [d[i] for i in range(7, 30)] == [g[i] for i in range(7, 30)]
+    with pytest.raises(IndexError):
+        d[-8]
     with pytest.raises(TypeError):
         d["1"]
     assert d[[0, -1]] == [3, 9]  # a list of indices gives a list of elements
@@ -518,3 +516,18 @@ def test_to_iter_dataset_delegates():
     pytest.importorskip("portable_loader.dataset.iter_dataset")
     ds = MapDataset.range(8).filter(lambda x: x % 2)
     assert list(ds.to_iter_dataset()) == list(ds) == [1, 3, 5, 7]
+
+
+def test_index_past_the_end_reads_later_epochs_as_grain():
+    # Grain's tests pin it (slice_test::test_accessing_items_beyond_len_minus_one_succeeds,
+    # batch_test::test_epoch_boundaries): deterministic views equal Grain's element for element.
+    for build in (lambda M: M.range(5).map(lambda x: x * 2), lambda M: M.range(10)[2:7],
+                  lambda M: M.range(5).random_map(lambda x, rng: int(rng.integers(1000)), seed=3),
+                  lambda M: M.range(3).repeat(2), lambda M: M.source([5, 6, 7]).filter(lambda x: x != 6)):
+        g, d = build(G), build(MapDataset)
+        assert [d[i] for i in range(4 * len(d))] == [g[i] for i in range(4 * len(d))]
+    g, d = G.range(5).batch(2), MapDataset.range(5).batch(2)
+    assert [d[i].tolist() for i in range(9)] == [g[i].tolist() for i in range(9)]
+    d = MapDataset.range(50).shuffle(seed=1)  # each epoch a permutation of its own (ours, not Grain's order)
+    epochs = [[d[i] for i in range(e * 50, (e + 1) * 50)] for e in range(3)]
+    assert all(sorted(e) == list(range(50)) for e in epochs) and epochs[0] != epochs[1] != epochs[2]

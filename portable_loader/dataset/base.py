@@ -67,6 +67,8 @@ class Dataset(Capabilities):
         9
     """
 
+    #: ``MapDataset[int]``, as Grain code annotates and subclasses it (the parameter is not checked).
+    __class_getitem__ = classmethod(types.GenericAlias)
     _fingerprint: str | None = None
     #: ``lengths`` answers without reading records (the loader then counts over-long records in
     #: padded mode too; reading every record twice for a count is not worth it).
@@ -184,28 +186,45 @@ class Dataset(Capabilities):
 
     def __getitem__(self, key):
         """``ds[i]`` a record (None where a filter rejected it), ``ds[a:b:c]`` a :meth:`slice` view,
-        ``ds[[i, j]]`` a list of records; out of range is an ``IndexError`` (Grain would wrap around)."""
+        ``ds[[i, j]]`` a list of records.
+
+        An integer ``i >= len(ds)`` reads epoch ``i // len(ds)`` at ``i % len(ds)``, as Grain does: a
+        shuffle below draws that epoch's order, a random map that epoch's seeds (``repeat`` reads
+        epochs the same way). A list or array of indices (not Grain's) stays bounds-checked, as do
+        ``__getitems__`` of sources and caches: an ``IndexError`` there is a caller's bug, not an
+        epoch. A negative index below ``-len(ds)``, an empty dataset or a key that is not an
+        integer, a slice or a sequence of integers raises.
+
+        Example:
+            >>> from portable_loader.dataset import Dataset
+            >>> ds = Dataset.range(4).shuffle(seed=0)
+            >>> sorted(ds[i] for i in range(4, 8)), [ds[i] for i in range(4)] == ds[[0, 1, 2, 3]]
+            ([0, 1, 2, 3], True)
+        """
         if isinstance(key, slice):
             return self.slice(key)
-        idx = parse_index(key, len(self))
+        n = len(self)
+        if n and _is_index(key) and int(key) >= n:
+            return self.__getitems__(within(self, [int(key)]))[0]
+        idx = parse_index(key, n)
         if isinstance(idx, int):
             return self.__getitems__([idx])[0]
         return list(self.__getitems__(idx.tolist()))
 
     def __iter__(self):
-        """The records in index order, skipping the None a filter leaves; lazy, so an infinite
-        (``repeat()``) dataset can be iterated too.
+        """The records in index order, skipping the None a filter leaves, as Grain's ``iter(MapDataset)``:
+        a :class:`~portable_loader.dataset.iter_iterator.DatasetIterator` of ``to_iter_dataset()``, so
+        it has ``get_state``/``set_state``; lazy, so an infinite (``repeat()``) dataset can be iterated too.
 
         Example:
             >>> from portable_loader.dataset import Dataset
-            >>> list(Dataset.range(6).filter(lambda x: x % 3 > 0))
-            [1, 2, 4, 5]
+            >>> it = iter(Dataset.range(6).filter(lambda x: x % 3 > 0))
+            >>> next(it), it.get_state()["cursor"]
+            (1, {'0.source.position': '00000000000000000002'})
+            >>> list(it)
+            [2, 4, 5]
         """
-        n, chunk = len(self), max(1, int(self._iter_chunk))
-        for lo in range(0, n, chunk):
-            for record in self.__getitems__(list(range(lo, min(n, lo + chunk)))):
-                if record is not None:
-                    yield record
+        return iter(self.to_iter_dataset())
 
     # --- Grain's MapDataset constructors -------------------------------------------------------
 
@@ -416,6 +435,10 @@ class Dataset(Capabilities):
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(records={len(self)}, fingerprint={self.fingerprint()})"
+
+
+def _is_index(key) -> bool:
+    return isinstance(key, (int, np.integer)) and not isinstance(key, bool)
 
 
 def as_indices(indices) -> np.ndarray:

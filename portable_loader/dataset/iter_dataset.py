@@ -41,6 +41,7 @@ Example:
 from __future__ import annotations
 
 import sys
+import types
 import warnings
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Callable
@@ -97,6 +98,8 @@ class IterDataset:
         [[0, 10, 20, 30], [40, 50]]
     """
 
+    #: ``MapDataset[int]``, as Grain code annotates and subclasses it (the parameter is not checked).
+    __class_getitem__ = classmethod(types.GenericAlias)
     _seed_rng_seed = None
     _fp: str | None = None
 

@@ -28,6 +28,7 @@ from __future__ import annotations
 import copy
 import itertools
 import sys
+import types
 from collections.abc import Mapping
 
 from portable_loader.dataset.base import digest
@@ -127,6 +128,9 @@ class DatasetIterator(Closing):
         ...     next(it)
         6
     """
+
+    #: ``DatasetIterator[int]``, as Grain code annotates and subclasses it (the parameter is not checked).
+    __class_getitem__ = classmethod(types.GenericAlias)
 
     def __init__(self, dataset: IterDataset):
         self._closed = True  # until built: a failed build leaves nothing to close

@@ -24,6 +24,8 @@ Example:
 from __future__ import annotations
 
 import collections
+import logging
+import time
 from concurrent import futures
 from typing import Callable, Sequence
 
@@ -44,6 +46,35 @@ def _rejected_all(where: str, run: int) -> FilterError:
                        "everything that the stream cannot go on")
 
 INLINE_CHUNK = 64  # positions per batched read in this process
+# Grain's filter check: over each window of this many positions, warn (at most once a minute) when
+# the filters dropped at least FILTER_WARN_RATIO of them: a filter that drops nearly everything is
+# usually a bug that would otherwise only show as a slow stream.
+FILTER_WINDOW, FILTER_WARN_RATIO, FILTER_WARN_EVERY_S = 1000, 0.9, 60.0
+_log = logging.getLogger(__name__)
+
+
+class _FilterCheck:
+    """Counts the positions a segment's filters drop, per window; logs Grain's warning when too many are."""
+
+    def __init__(self, seg: Segment):
+        names = [getattr(op.transform, "__name__", type(op.transform).__name__) for _, op in seg.ops if op.drops]
+        self.names = ", ".join(names)
+        self.seen = self.kept = 0
+        self.warned_at = -FILTER_WARN_EVERY_S
+
+    def add(self, seen: int, kept: int) -> None:
+        self.seen += seen
+        self.kept += kept
+        if self.seen < FILTER_WINDOW:
+            return
+        ratio = 1 - self.kept / self.seen
+        if ratio >= FILTER_WARN_RATIO and time.monotonic() - self.warned_at >= FILTER_WARN_EVERY_S:
+            self.warned_at = time.monotonic()
+            _log.warning(
+                "Transformation FilterDatasetIterator(transform=%s) skipped %.2f %% of the last seen %d elements. "
+                "Please check the filtering logic; if this is intended, consider pre-filtering the input dataset.",
+                self.names, ratio * 100, self.seen)
+        self.seen = self.kept = 0
 
 
 class Chunk:
@@ -163,6 +194,8 @@ class SourceIter:
         self._started = False
         self.pos, self.running = 0, []
         self._dropped = 0  # positions filtered out in a row
+        self._filters: _FilterCheck | None = None
+        self._counted = 0  # positions up to which the filter check has counted
 
     @property
     def open(self) -> bool:
@@ -175,11 +208,13 @@ class SourceIter:
     def seal(self) -> None:
         if not self.seg.sealed:
             self.seg.seal()
+            self._filters = _FilterCheck(self.seg) if any(op.drops for _, op in self.seg.ops) else None
             self.running = [0] * self.seg.num_counts
             self.executor.bind(self.ds, self.seg)
 
     def _start(self) -> None:
         self._started = True
+        self._counted = self.pos
         self.executor.restart(self.pos, self.running)
 
     def next(self):
@@ -197,6 +232,9 @@ class SourceIter:
                 raise StopIteration
             self._buf.extend(zip(chunk.pos, chunk.elems, chunk.ords))
             self._error = chunk.error
+            if self._filters is not None:
+                self._filters.add(chunk.end - max(self.pos, self._counted), len(chunk.pos))
+                self._counted = chunk.end
             if not chunk.pos and chunk.error is None:  # all dropped: nothing to recompute before `end`
                 self._dropped += chunk.end - self.pos
                 self.pos, self.running = chunk.end, list(chunk.running)

@@ -32,7 +32,7 @@ from portable_loader.dataset.iter_dataset import IterDataset
 from portable_loader.dataset.iter_iterator import DatasetIterator
 from portable_loader.grain import (checkpoint, constants, experimental, multiprocessing, samplers, sharding, sources,
                                    transforms)
-from portable_loader.grain._unsupported import forward, missing_name
+from portable_loader.grain._unsupported import forward
 from portable_loader.grain.data_loader import DataLoader, DataLoaderIterator, load
 from portable_loader.grain.options import MultiprocessingOptions, ReadOptions
 from portable_loader.grain.records import Record, RecordMetadata
@@ -69,7 +69,8 @@ _FROM_GRAIN = {"config": "grain", "monitoring": "grain", "proto": "grain"}
 def __getattr__(name: str):
     if name in _FROM_GRAIN:
         return forward(_FROM_GRAIN[name], name)
-    if name == "python":  # real Grain lists it once anything has imported grain.python
-        raise missing_name("grain", "python", "not supported",
-                           "Grain's backwards-compatibility namespace; use the top-level names, which are the same")
+    if name == "python":  # Grain's backwards-compatibility namespace, imported only when asked for
+        import importlib
+
+        return importlib.import_module("portable_loader.grain.python")
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

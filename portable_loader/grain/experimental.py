@@ -8,8 +8,9 @@ Flat maps: ``FlatMapMapDataset`` (portable_loader/dataset/flat_map.py) and ``Fla
 (portable_loader/grain/elastic.py): Grain's global batches per shard, and it takes filters and
 packing too.
 
-The rest of Grain's experimental names raise :class:`~portable_loader.grain._unsupported.NotSupportedError`
-when used, saying why they are left out (docs/grain.md has the table).
+The rest of Grain's experimental names import, and raise
+:class:`~portable_loader.grain._unsupported.NotSupportedError` when used, saying why they are left
+out (docs/grain.md has the table).
 
 Example:
     >>> import numpy as np
@@ -36,8 +37,12 @@ from portable_loader.dataset.iter_concat_split import BOSHandling, ConcatThenSpl
 from portable_loader.dataset.iter_flat_map import FlatMapIterDataset
 from portable_loader.dataset.iter_pack import BestFitPackIterDataset, FirstFitPackIterDataset
 from portable_loader.dataset.transforms import apply_transformations
-from portable_loader.grain._unsupported import missing_name
+from portable_loader.dataset.window_shuffle import WindowShuffle as WindowShuffleMapDataset
+from portable_loader.grain._unsupported import refused
 from portable_loader.grain.elastic import ElasticIterator
+from portable_loader.grain.performance import (PerformanceConfig, ThreadPrefetchIterDataset, multithread_prefetch,
+                                                pick_performance_config)
+from portable_loader.grain.testing import assert_equal_output_after_checkpoint
 from portable_loader.grain.transforms import FlatMap as FlatMapTransform
 from portable_loader.grain.transforms import MapWithIndex as MapWithIndexTransform
 from portable_loader.keyed import splitmix64 as _splitmix64
@@ -45,7 +50,10 @@ from portable_loader.sampler import LCGSampler
 
 __all__ = ["BOSHandling", "BestFitPackIterDataset", "ConcatThenSplitIterDataset", "ElasticIterator",
            "FirstFitPackIterDataset", "FlatMapIterDataset", "FlatMapMapDataset", "FlatMapTransform",
-           "MapWithIndexTransform", "apply_transformations", "batch_and_pad", "index_shuffle"]
+           "MapWithIndexTransform", "PerformanceConfig", "ThreadPrefetchIterDataset", "WindowShuffleMapDataset",
+           "apply_transformations",
+           "assert_equal_output_after_checkpoint", "batch_and_pad", "index_shuffle", "multithread_prefetch",
+           "pick_performance_config"]
 
 _NOT = "not supported"
 #: Grain 0.2.18's other ``grain.experimental`` names: (status, why).
@@ -58,23 +66,18 @@ MISSING = {
     "PackAndBatchOperation": (_NOT, "an operation of Grain's legacy DataLoader; pl.DataLoader(packing=True) packs"),
     "ParquetIterDataset": (_NOT, "pl.source / pl.precache read Parquet files as random-access datasets"),
     "TFRecordIterDataset": (_NOT, "TFRecord is sequential only; convert it, or use ArrayRecord"),
-    "PerformanceConfig": (_NOT, "autotuning of Grain's own engine"),
-    "pick_performance_config": (_NOT, "autotuning of Grain's own engine"),
     "RebatchIterDataset": (_NOT, "batch the unbatched stream instead"),
     "RepeatIterDataset": (_NOT, "use MapDataset.repeat before to_iter_dataset"),
     "RngPool": (_NOT, "random_map draws from a generator keyed by the element; no pool is needed"),
     "ShapeDtypeStruct": (_NOT, "element specs are not computed here"),
     "ShapeDtypeStructProtocol": (_NOT, "element specs are not computed here"),
     "get_element_spec": (_NOT, "element specs are not computed here"),
-    "ThreadPrefetchIterDataset": (_NOT, "to_iter_dataset(read_options=ReadOptions(...)) reads ahead with threads"),
     "ThreadPrefetchDatasetIterator": (_NOT, "to_iter_dataset(read_options=ReadOptions(...)) reads ahead with threads"),
-    "multithread_prefetch": (_NOT, "to_iter_dataset(read_options=ReadOptions(...)) reads ahead with threads"),
-    "WindowShuffleIterDataset": (_NOT, "MapDataset.shuffle is a global shuffle in O(1) memory here"),
-    "WindowShuffleMapDataset": (_NOT, "MapDataset.shuffle is a global shuffle in O(1) memory here"),
+    "WindowShuffleIterDataset": (_NOT, "shuffle the MapDataset (globally, or WindowShuffleMapDataset) before "
+                                       "to_iter_dataset"),
     "WithOptionsIterDataset": (_NOT, "options of Grain's own execution engine"),
     "ZipIterDataset": (_NOT, "read two random-access datasets at one index with map_with_index instead"),
     "ZipMapDataset": (_NOT, "read two random-access datasets at one index with map_with_index instead"),
-    "assert_equal_output_after_checkpoint": (_NOT, "a Grain test helper; tests/test_grain_api.py checks resumes"),
     "device_put": (_NOT, "portable_loader.adapters.jax.JaxLoader puts batches on devices"),
     "get_next_index": (_NOT, "a state here is a position: DatasetIterator.get_state()"),
     "set_next_index": (_NOT, "a state here is a position: DatasetIterator.set_state()"),
@@ -83,7 +86,7 @@ MISSING = {
 
 def __getattr__(name: str):
     if name in MISSING:
-        raise missing_name("grain.experimental", name, *MISSING[name])
+        return refused("grain.experimental", name, *MISSING[name])
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
