@@ -10,6 +10,7 @@ interleaved (the median round is reported):
 * ``packed``: the same documents packed best-fit (``packing=True``), 64 x 4096;
 * ``padded-long``: padded rows of 106,496 tokens, 64 a batch (3 fields, 41 MB a batch): the main
   process's cost a batch must not grow with the batch's bytes;
+* ``tokenized``: ``pl.tokenized`` over 20,000 c4 demo rows (the shared data), phi-3-mini, packed 8 x 2048;
 * ``map``: ``from portable_loader import grain``: a Python map of ~200 us a record, batched by 64,
   through ``grain.DataLoader`` (work per record that is real: it must scale with the workers);
 * peers on the same windows: ``torch``: ``torch.utils.data.DataLoader`` over a map-style dataset of
@@ -26,6 +27,7 @@ main process's CPU a batch over the inline engine's (0 workers) on the same batc
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import statistics
 import sys
@@ -37,6 +39,8 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from benchlib import add_output_args, machine, write_table  # noqa: E402
 
+DATA = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "..", "shared", "data")
+DATA = os.environ.get("PORTABLE_LOADER_DATA", DATA)
 SEQ = 4096
 BATCH = 64
 MAP_US = 200
@@ -109,6 +113,11 @@ def run_ours(kind, path, workers, steps):
     if kind == "map":
         it = iter(map_loader(grain, workers))
         return _timed(it, steps, BATCH, lambda: _worker_pids(it))
+    if kind == "tokenized":  # c4 rows, phi-3-mini, packed 8 x 2048
+        ds = pl.tokenized(path + ".jsonl", tokenizer=os.path.join(DATA, "tokenizers", "phi-3-mini"), format="text",
+                          max_length=2048, overlong="truncate")
+        it = iter(pl.DataLoader(ds, global_batch_size=8, seq_len=2048, packing=True, num_workers=workers, seed=0))
+        return _timed(it, steps, None, lambda: _worker_pids(it))
     docs = pl.pretokenized(path, eos_token_id=0)
     if kind == "padded-long":
         opts = dict(global_batch_size=BATCH, seq_len=106_496, packing=False)
@@ -188,17 +197,23 @@ def main():
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--tokens", type=int, default=30_000_000)
     parser.add_argument("--steps", type=int, default=60, help="batches timed per measurement (map: a quarter)")
-    parser.add_argument("--kinds", nargs="+", default=["concat", "packed", "padded-long", "map", "torch", "grain", "grain-map"])
+    parser.add_argument("--kinds", nargs="+",
+                        default=["concat", "packed", "padded-long", "tokenized", "map", "torch", "grain", "grain-map"])
     args = parser.parse_args()
     print(f"machine: {machine()}", flush=True)
     with tempfile.TemporaryDirectory() as tmp:
         path = os.path.join(tmp, "corpus.bin")
         make_corpus(path, args.tokens)
+        if "tokenized" in args.kinds:
+            with open(os.path.join(DATA, "text", "llamafactory_c4_demo.jsonl")) as f, open(path + ".jsonl", "w") as out:
+                texts = [json.loads(line)["text"] for line in f if line.strip()]
+                for i in range(20_000):  # the c4 demo rows repeated, each made distinct by its number
+                    out.write(json.dumps({"text": f"{texts[i % len(texts)]} ({i})"}) + "\n")
         runs = {(k, w): [] for k in args.kinds for w in args.workers}
         for r in range(args.rounds):
             for kind in args.kinds:
                 for w in args.workers:
-                    steps = max(4, args.steps // 4) if "map" in kind else args.steps
+                    steps = max(4, args.steps // 4) if "map" in kind or kind == "tokenized" else args.steps
                     if kind == "torch":
                         res = run_torch(path, w, steps)
                     elif kind.startswith("grain"):

@@ -34,15 +34,16 @@ def test_the_spec_is_frozen_small_and_built_once_from_the_options():
 
 
 def test_worker_processes_receive_the_spec_and_the_dataset_never_the_loader(tmp_path, monkeypatch):
-    from portable_loader.engine import processes
+    from portable_loader.engine import processes, workers
 
     real = processes._worker_main
 
-    def reporting(index, *args):  # runs in the worker: writes down what it was given
-        (tmp_path / f"w{index}").write_text(" ".join(type(a).__name__ for a in args[:2]))
-        return real(index, *args)
+    def reporting(chan, parent, forked, index, work):  # runs in the worker: writes down what it was given
+        (tmp_path / f"w{index}").write_text(" ".join(type(a).__name__ for a in workers.load(work)))
+        return real(chan, parent, forked, index, work)
 
     monkeypatch.setattr(processes, "_worker_main", reporting)
+    monkeypatch.setenv("PORTABLE_LOADER_START_METHOD", "fork")  # (a local function travels only by fork)
     loader = pl.DataLoader(records(range(1, 41)), global_batch_size=4, seq_len=8, num_workers=2)
     with iter(loader) as it, iter(pl.DataLoader(records(range(1, 41)), global_batch_size=4, seq_len=8)) as ref:
         batch = next(it)

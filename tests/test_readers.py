@@ -99,13 +99,12 @@ def test_what_lengths_or_prefetch_read_is_served_without_touching_the_shards(cac
         src[[4]]
 
 
-def test_array_record_shards_are_uncompressed_and_old_compressed_ones_are_refused_for_workers(tmp_path, monkeypatch):
+def test_array_record_shards_are_uncompressed_and_old_compressed_ones_get_safely_started_workers(tmp_path, monkeypatch):
     """A compressed shard's reader crashes in a worker forked after the parent read from it (the
     decompressor's thread does not survive fork): new caches are written uncompressed, and a cache
-    written compressed (as older versions did) is refused with workers, never left to crash them."""
+    written compressed (as older versions did) gets workers started by the forkserver, never forked."""
     import portable_loader as pl
     from portable_loader.cache import writer
-    from portable_loader.errors import CacheError
     from portable_loader.precache import build_cache, sample_args
 
     path, _ = build_cache(**sample_args(), out=str(tmp_path / "new"), backend="array_record", num_workers=1)
@@ -119,11 +118,15 @@ def test_array_record_shards_are_uncompressed_and_old_compressed_ones_are_refuse
     monkeypatch.setattr(sys.modules["portable_loader.precache.steps"], "ARRAY_RECORD_OPTIONS", "group_size:1")
     old, _ = build_cache(**sample_args(), out=str(tmp_path / "old"), backend="array_record", num_workers=1)
     assert os.path.basename(old) != os.path.basename(path)  # the options are part of the key
-    loader = pl.DataLoader(pl.open_cache(old), global_batch_size=4, seq_len=64, num_workers=2)
-    with iter(loader) as it, pytest.raises(CacheError, match="written compressed .* num_workers=0"):
-        next(it)
-    with iter(pl.DataLoader(pl.open_cache(old), global_batch_size=4, seq_len=64)) as it:
-        assert next(it)["input_ids"].shape == (4, 64)  # in this process it reads fine
+    old_src = pl.open_cache(old)
+    assert "written compressed" in old_src.fork_hazard
+    old_src[[0, 1]]  # the parent has read from it: its reader's thread runs here now
+    with iter(pl.DataLoader(old_src, global_batch_size=4, seq_len=64, num_workers=2)) as it:
+        got = [next(it) for _ in range(3)]
+        assert it._engine.start_method in ("forkserver", "spawn")
+    with iter(pl.DataLoader(old_src, global_batch_size=4, seq_len=64)) as it:
+        want = [next(it) for _ in range(3)]   # in this process it reads fine
+    assert all(np.array_equal(a[k], b[k]) for a, b in zip(got, want) for k in a)
 
 
 @pytest.mark.parametrize("backend", ["arrow", "array_record"])

@@ -206,7 +206,10 @@ def launch(ctx, method: str, target, args: tuple, name: str):
     """
     ours, theirs = pair()
     from_main = threading.current_thread() is threading.main_thread()
-    proc = ctx.Process(target=_bootstrap, args=(target, theirs, os.getpid(), method == "fork" and from_main, *args),
+    # A forkserver child inherits the server's environment, as it was when the server started: give it
+    # ours as it is now (credentials, tokenizer settings set since).
+    env = None if method == "fork" else dict(os.environ)
+    proc = ctx.Process(target=_bootstrap, args=(target, theirs, os.getpid(), method == "fork" and from_main, env, *args),
                        name=name, daemon=True)
     try:
         with _launching, (_without_main() if method != "fork" else contextlib.nullcontext()):
@@ -223,7 +226,10 @@ def launch(ctx, method: str, target, args: tuple, name: str):
 _parent_ends: "weakref.WeakSet[Channel]" = weakref.WeakSet()  # this process's ends of its workers' channels
 
 
-def _bootstrap(target, chan: Channel, parent: int, forked_from_main: bool, *args) -> None:
+def _bootstrap(target, chan: Channel, parent: int, forked_from_main: bool, env, *args) -> None:
+    if env is not None:
+        os.environ.clear()
+        os.environ.update(env)
     if os.getppid() == parent:  # forked: the parent's ends came along
         for end in list(_parent_ends):
             end.close()
