@@ -31,6 +31,8 @@ declare -A QUICK_ARGS=(
   [peers]="--records 20000 --rounds 1 --steps 200 --worker-steps 100 --resume-step 500"
   [grain]="--quick"
   [pretrain]="--tokens 5000000 --rounds 1 --steps 200 --scale-tokens 1e9 --index-tokens 1e8"
+  [workers]="--workers 0 1 --rounds 1 --steps 10 --tokens 3000000 --kinds concat packed map torch"
+  [gpu_train]="--steps 5 --rounds 1 --sizes small"
 )
 if [ $# -gt 0 ]; then names=("$@"); else
   names=(); for f in scripts/bench_*.py; do n=${f#scripts/bench_}; names+=("${n%.py}"); done

@@ -37,6 +37,7 @@ import time
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from bench_cuda import no_gpu  # noqa: E402
 from benchlib import add_output_args, machine, write_table  # noqa: E402
 
 try:
@@ -45,14 +46,6 @@ except ImportError:
     torch = None
 
 SIZES = {"small": (256, 4, 4), "medium": (512, 8, 8), "large": (1024, 16, 8)}  # width, heads, layers
-
-
-def no_gpu() -> str | None:
-    if torch is None:
-        return "torch is not installed"
-    if not torch.cuda.is_available():
-        return f"no CUDA GPU here (torch {torch.__version__}: torch.cuda.is_available() is False)"
-    return None
 
 
 def make_corpus(path: str, tokens: int, vocab: int) -> None:

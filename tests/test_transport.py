@@ -1,6 +1,7 @@
 """Workers hand batches over in shared memory: no copy in the trainer's process, a held batch never
 overwritten, bounded memory, a dead worker reported on every path, safe start methods."""
 
+import gc
 import os
 import signal
 import subprocess
@@ -65,13 +66,15 @@ def test_a_held_batch_is_never_overwritten(tmp_path_factory, keep, workers, pref
                            prefetch=prefetch, seed=1)
     ref = inline_batches(loader, len(keep))
     held = {}
+    gc.collect()
+    before = batch_maps()   # what earlier tests' garbage may still map
     with iter(loader) as it:
         for step, k in enumerate(keep):
             b = next(it)
             assert same(b, ref[step])
             if k:
                 held[step] = b
-        maps = batch_maps()
+        maps = batch_maps() - before
     for step, b in held.items():  # read after the others were served (and the engine closed)
         assert same(b, ref[step]), step
     # Blocks the caller dropped are reused: the pool stays at prefetch + 2 a worker, plus what is held.
@@ -81,6 +84,7 @@ def test_a_held_batch_is_never_overwritten(tmp_path_factory, keep, workers, pref
 def test_memory_is_bounded_and_freed(tmp_path):
     docs = corpus(tmp_path / "c.bin")
     loader = pl.DataLoader(docs, global_batch_size=8, seq_len=512, packing="concat", num_workers=2, prefetch=2)
+    gc.collect()
     before = batch_maps()
     with iter(loader) as it:
         for _ in range(200):
