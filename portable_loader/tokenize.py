@@ -536,9 +536,49 @@ class Formatter:
         if not texts:
             return out
         encodings = self._encode_batch(texts, add_special_tokens=self.fmt != "chat")
+        if self.fmt == "text":  # every token trained: the whole batch at once, no per-record arrays to fill
+            for (i, _), record in zip(spans, self._finish_text(encodings)):
+                out[i] = record
+            return out
         for (i, row_spans), text, enc in zip(spans, texts, encodings):
             out[i] = self._finish(enc, len(text), row_spans)
         return out
+
+    def _finish_text(self, encodings) -> list:
+        """``_finish`` of the ``text`` format for a whole batch: the same records, built per batch.
+
+        Every record's ids (and its EOS) go into one int32 array and every mask is a slice of one
+        array of ones: a few numpy calls a batch instead of several a record, which on short records
+        (~100 tokens) cost as much as a tenth of the encoder's time. The slices are read-only views
+        (records of one batch share their buffers, so none may be written in place).
+        """
+        lists = [enc.ids for enc in encodings]
+        append_eos = not self._post_eos
+        sizes = np.fromiter(map(len, lists), np.int64, len(lists)) + append_eos
+        flat: list = []
+        if append_eos:
+            extend, append, eos = flat.extend, flat.append, self.eos_id
+            for raw in lists:
+                extend(raw)
+                append(eos)
+        else:
+            for raw in lists:
+                flat.extend(raw)
+        ids = np.array(flat, dtype=np.int32)
+        mask = np.ones(ids.size, dtype=np.uint8)
+        ids.flags.writeable = mask.flags.writeable = False
+        ends = np.cumsum(sizes)
+        starts = ends - sizes
+        cut = np.zeros(sizes.size, bool) if self.max_length is None else sizes > self.max_length
+        if cut.any():
+            if self.overlong == "drop":
+                records: list = [None if c else (ids[a:b], mask[a:b])
+                                 for a, b, c in zip(starts.tolist(), ends.tolist(), cut.tolist())]
+                return ["overlong" if r is None else r if b > a else "no_target"
+                        for r, a, b in zip(records, starts.tolist(), ends.tolist())]
+            ends = np.minimum(ends, starts + self.max_length)
+        self.truncated += int(np.count_nonzero(cut & (sizes > 0)))
+        return [(ids[a:b], mask[a:b]) if b > a else "no_target" for a, b in zip(starts.tolist(), ends.tolist())]
 
     def _token_at(self, enc, char: int, text_len: int, content_tokens: int) -> int:
         """Index of the first token that starts at or after ``char`` (one Rust lookup, no offset list)."""
