@@ -512,6 +512,8 @@ class Formatter:
     # --- tokenizing -----------------------------------------------------------------------------
 
     def encode(self, rows: Sequence[dict | BadRowError], where: Callable[[int], str] = lambda i: f"row {i}") -> list:
+        if self.fmt == "text":
+            return self._encode_text(rows, where)
         texts, spans, out = [], [], [None] * len(rows)
         for i, row in enumerate(rows):
             try:
@@ -536,12 +538,41 @@ class Formatter:
         if not texts:
             return out
         encodings = self._encode_batch(texts, add_special_tokens=self.fmt != "chat")
-        if self.fmt == "text":  # every token trained: the whole batch at once, no per-record arrays to fill
-            for (i, _), record in zip(spans, self._finish_text(encodings)):
-                out[i] = record
-            return out
         for (i, row_spans), text, enc in zip(spans, texts, encodings):
             out[i] = self._finish(enc, len(text), row_spans)
+        return out
+
+    def _encode_text(self, rows, where) -> list:
+        """``encode`` for the ``text`` format: a row's text is its record, every token trained.
+
+        Rows that are plainly good (a dict whose text field is an ASCII string, or one that encodes as
+        UTF-8) are taken without the general path's per-row calls; any other row goes through
+        ``_render_text``, which raises (or skips) with the row's own error.
+        """
+        column = self.fields.get("text", "text")
+        texts, kept, out = [], [], [None] * len(rows)
+        for i, row in enumerate(rows):
+            text = row.get(column) if type(row) is dict else None
+            if type(text) is not str or not (text.isascii() or _utf8(text)):
+                try:
+                    if isinstance(row, BadRowError):
+                        raise row
+                    if not isinstance(row, dict):
+                        raise _bad_row(self.path, where(i), None, f"expected an object, got {type(row).__name__}")
+                    text, _ = self._render(row, lambda i=i: where(i))
+                except BadRowError:
+                    if self.on_bad_row != "skip":
+                        raise
+                    out[i] = "bad_row"
+                    continue
+            if not text or text.isspace():  # (what `not text.strip()` says, without a copy)
+                out[i] = "empty"
+                continue
+            texts.append(text)
+            kept.append(i)
+        if texts:
+            for i, record in zip(kept, self._finish_text(self._encode_batch(texts, add_special_tokens=True))):
+                out[i] = record
         return out
 
     def _finish_text(self, encodings) -> list:
@@ -684,6 +715,15 @@ def split_transcript(text: str, markers: dict[str, str]) -> list[dict]:
         raise ValueError(f"text before the first transcript marker: {head[:40]!r}")
     ends = [m.start() for m in found[1:]] + [len(text)]
     return [{"role": markers[m.group()], "content": text[m.end() : end].strip()} for m, end in zip(found, ends)]
+
+
+def _utf8(text: str) -> bool:
+    """Whether ``text`` encodes as UTF-8 (no lone surrogate)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def _check_text(value, path: str, where: Callable[[], str], field: str) -> None:
