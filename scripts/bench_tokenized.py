@@ -8,7 +8,7 @@
 
 ``--input c4`` (the default): the c4 demo rows (~540 phi-3-mini tokens each), 10k rows, phi-3-mini.
 ``--input wikitext``: the non-empty lines of wikitext-2's validation split (~100 GPT-2 tokens each,
-short records: the loader's cost per record shows), 40k rows, the gpt2 tokenizer; tables go to
+short records: the loader's cost per record shows), 20k rows, the gpt2 tokenizer; tables go to
 ``docs/bench/tokenized_wikitext.csv`` and ``.svg``. ``--only pl`` skips the ``.jsonl.gz`` and
 ``datasets`` rows.
 
@@ -65,7 +65,7 @@ BATCH, SEQ = 8, 2048
 
 INPUTS = {  # name: (default tokenizer, default rows)
     "c4": ("phi-3-mini", 10_000),
-    "wikitext": ("gpt2", 40_000),
+    "wikitext": ("gpt2", 20_000),
 }
 
 
@@ -251,7 +251,7 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--input", choices=sorted(INPUTS), default="c4",
                    help="c4: c4 demo rows, phi-3-mini (~540 tokens a row); wikitext: wikitext-2 lines, gpt2 (~100)")
-    p.add_argument("--rows", type=int, help="rows of the input (default: 10000 for c4, 40000 for wikitext)")
+    p.add_argument("--rows", type=int, help="rows of the input (default: 10000 for c4, 20000 for wikitext)")
     p.add_argument("--tokenizer", help="tokenizer folder (default: phi-3-mini for c4, gpt2 for wikitext)")
     p.add_argument("--modes", nargs="+", choices=["packed", "padded"], default=["packed", "padded"])
     p.add_argument("--only", choices=["all", "pl"], default="all",

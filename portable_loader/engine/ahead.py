@@ -3,8 +3,10 @@
 A packed loader plans a window from its records' lengths before it reads a record; over
 :func:`portable_loader.tokenized` a length is a tokenization. So the main process does not
 compute them: the stream is cut into blocks of ``spec.packing_window`` positions (a block is a
-packing window; a padded loader with ``overlong="drop"`` reads lengths too), and each block whose
-lengths are not known yet is split into one part per worker, sent ahead on the workers' inboxes.
+packing window; a padded loader with ``overlong="drop"`` reads lengths too, and any padded loader
+tokenizes by blocks: a step's few records would pay the tokenizer's fixed costs per step), and each
+block whose lengths are not known yet is split into one part per worker, sent ahead on the
+workers' inboxes.
 A worker tokenizes its part, hands the records over (``source.tokenize_ahead``: a file the other
 workers read) and answers with the lengths, which the dataset learns (``source.learn``). Before
 the engine takes the next plan, :meth:`Ahead.ready` waits for the blocks that plan reads lengths
