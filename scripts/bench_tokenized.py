@@ -3,6 +3,14 @@
     python scripts/bench_tokenized.py                          # 10k c4 rows, phi-3-mini, workers 0 1 2, 3 rounds
     python scripts/bench_tokenized.py --rows 10000 --workers 0 2 4 --rounds 1
     python scripts/bench_tokenized.py --first-batch --rounds 5  # start-up only: seconds to the first batch
+    python scripts/bench_tokenized.py --input wikitext          # short records: wikitext-2 lines, gpt2
+    python scripts/bench_tokenized.py --input wikitext --workers 2 --only pl --rounds 3   # 2 workers, no extras
+
+``--input c4`` (the default): the c4 demo rows (~540 phi-3-mini tokens each), 10k rows, phi-3-mini.
+``--input wikitext``: the non-empty lines of wikitext-2's validation split (~100 GPT-2 tokens each,
+short records: the loader's cost per record shows), 20k rows, the gpt2 tokenizer; tables go to
+``docs/bench/tokenized_wikitext.csv`` and ``.svg``. ``--only pl`` skips the ``.jsonl.gz`` and
+``datasets`` rows.
 
 Each measurement runs in a fresh interpreter (so its RSS is its own): on one input of ``--rows``
 text rows (the c4 demo rows repeated, each with its number appended),
@@ -55,9 +63,23 @@ DATA = os.path.join(os.path.dirname(ROOT), "shared", "data")
 BATCH, SEQ = 8, 2048
 
 
-def make_input(path: str, rows: int) -> None:
+INPUTS = {  # name: (default tokenizer, default rows)
+    "c4": ("phi-3-mini", 10_000),
+    "wikitext": ("gpt2", 20_000),
+}
+
+
+def input_texts(name: str) -> list[str]:
+    """The texts the rows repeat: c4 demo rows, or wikitext-2 validation lines (non-empty, stripped)."""
+    if name == "wikitext":
+        with open(os.path.join(DATA, "text", "wikitext2_valid.txt"), encoding="utf-8") as f:
+            return [line.strip() for line in f if line.strip()]
     with open(os.path.join(DATA, "text", "llamafactory_c4_demo.jsonl")) as f:
-        texts = [json.loads(line)["text"] for line in f if line.strip()]
+        return [json.loads(line)["text"] for line in f if line.strip()]
+
+
+def make_input(path: str, rows: int, name: str = "c4") -> None:
+    texts = input_texts(name)
     with open(path, "w") as f:
         for i in range(rows):
             f.write(json.dumps({"text": f"{texts[i % len(texts)]} ({i})"}) + "\n")
@@ -85,7 +107,7 @@ def one_tokenizer(data: str, tokenizer: str) -> dict:
     t = time.perf_counter()
     fast = sum(len(e.ids) for e in tok.encode_batch_fast(texts))
     return {"name": "tokenizers encode_batch (1 thread)", "tokens_per_s": tokens / seconds,
-            "tokens_per_cpu_s": tokens / cpu, "tokens": tokens, "fast_tokens_per_s": fast / (time.perf_counter() - t)}
+            "tokens_per_cpu_s": tokens / cpu, "cpu_us_per_record": cpu / len(texts) * 1e6, "tokens": tokens, "fast_tokens_per_s": fast / (time.perf_counter() - t)}
 
 
 def cpu_seconds() -> float:
@@ -128,7 +150,7 @@ def one_loader(data: str, tokenizer: str, workers: int, packing: bool = True, fi
     return {
         "name": f"pl.tokenized, {'packed' if packing else 'padded'}, num_workers={workers}", "workers": workers,
         "first_batch_s": t_first, "tokens_per_s": tokens / seconds, "tokens_per_cpu_s": tokens / cpu,
-        "main_rss_mib": peak_rss_mib(),
+        "cpu_us_per_record": cpu / len(ds) * 1e6, "main_rss_mib": peak_rss_mib(),
         "cores": max(workers, 1),
     }
 
@@ -169,6 +191,7 @@ def one_datasets(data: str, tokenizer: str) -> dict:
     tokens += sum(real_tokens(b) for b in it)
     return {"name": "datasets streaming .map + packing collator", "workers": 0, "first_batch_s": t_first,
             "tokens_per_s": tokens / (time.perf_counter() - t_ready), "tokens_per_cpu_s": tokens / (cpu_seconds() - cpu),
+            "cpu_us_per_record": float("nan"),
             "main_rss_mib": peak_rss_mib(), "cores": 1}
 
 
@@ -189,7 +212,8 @@ def tokenizer_rate(args, procs: int) -> dict:
     assert all(p.returncode == 0 for p in running)
     return {"tokens_per_s": sum(o["tokens_per_s"] for o in outs),
             "fast_tokens_per_s": sum(o["fast_tokens_per_s"] for o in outs),
-            "tokens_per_cpu_s": sum(o["tokens_per_cpu_s"] for o in outs) / procs}
+            "tokens_per_cpu_s": sum(o["tokens_per_cpu_s"] for o in outs) / procs,
+            "cpu_us_per_record": sum(o["cpu_us_per_record"] for o in outs) / procs}
 
 
 def first_batches(args) -> None:
@@ -200,7 +224,7 @@ def first_batches(args) -> None:
     got: dict = {run: [] for run in runs}
     with tempfile.TemporaryDirectory() as tmp:
         args.data = os.path.join(tmp, "rows.jsonl")
-        make_input(args.data, args.rows)
+        make_input(args.data, args.rows, args.input)
         kept_dir = os.path.join(tmp, "kept")
         for r in range(args.rounds):
             for mode, w, kept in runs:
@@ -212,8 +236,8 @@ def first_batches(args) -> None:
                     subprocess.run(cmd, env=env, check=True, capture_output=True)
                 out = subprocess.run(cmd, env=env, check=True, capture_output=True, text=True).stdout
                 got[(mode, w, kept)].append(json.loads(out.strip().splitlines()[-1]))
-    print(f"rows: {args.rows}; tokenizer: {os.path.basename(args.tokenizer)}; {BATCH}x{SEQ} batches; cpus: {cores()}; "
-          f"median of {args.rounds} rounds; load average now: {os.getloadavg()[0]:.1f}\n")
+    print(f"input: {args.input}; rows: {args.rows}; tokenizer: {os.path.basename(args.tokenizer)}; {BATCH}x{SEQ} batches; "
+          f"cpus: {cores()}; median of {args.rounds} rounds; load average now: {os.getloadavg()[0]:.1f}\n")
     print("| loader | tokenizer | first batch (s) | of which pl.tokenized(...) (s) | rounds (s) | transformers imported |")
     print("|---|---|---:|---:|---|---|")
     for (mode, w, kept), rs in got.items():
@@ -225,16 +249,25 @@ def first_batches(args) -> None:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--rows", type=int, default=10_000)
-    p.add_argument("--tokenizer", default=os.path.join(DATA, "tokenizers", "phi-3-mini"))
+    p.add_argument("--input", choices=sorted(INPUTS), default="c4",
+                   help="c4: c4 demo rows, phi-3-mini (~540 tokens a row); wikitext: wikitext-2 lines, gpt2 (~100)")
+    p.add_argument("--rows", type=int, help="rows of the input (default: 10000 for c4, 20000 for wikitext)")
+    p.add_argument("--tokenizer", help="tokenizer folder (default: phi-3-mini for c4, gpt2 for wikitext)")
+    p.add_argument("--modes", nargs="+", choices=["packed", "padded"], default=["packed", "padded"])
+    p.add_argument("--only", choices=["all", "pl"], default="all",
+                   help="pl: only the pl.tokenized rows on the plain input (no .jsonl.gz, no datasets)")
     p.add_argument("--workers", type=int, nargs="+", default=[0, 1, 2])
     p.add_argument("--rounds", type=int, default=3, help="runs of every contender; each row is the median")
     p.add_argument("--first-batch", action="store_true",
                    help="time only the start (seconds to the first batch), with the tokenizer kept and without")
-    add_output_args(p, "tokenized")
     p.add_argument("--one", nargs="+", help=argparse.SUPPRESS)
     p.add_argument("--data", help=argparse.SUPPRESS)
+    known, _ = p.parse_known_args()
+    add_output_args(p, "tokenized" if known.input == "c4" else f"tokenized_{known.input}")
     args = p.parse_args()
+    tok_name, rows = INPUTS[args.input]
+    args.rows = rows if args.rows is None else args.rows
+    args.tokenizer = args.tokenizer or os.path.join(DATA, "tokenizers", tok_name)
     if args.one:
         kind = args.one[0]
         if kind == "tokenizer":
@@ -252,11 +285,12 @@ def main() -> None:
     print(machine())
     with tempfile.TemporaryDirectory() as tmp:
         plain = os.path.join(tmp, "rows.jsonl")
-        make_input(plain, args.rows)
+        make_input(plain, args.rows, args.input)
         with open(plain, "rb") as f, gzip.open(plain + ".gz", "wb") as g:
             shutil.copyfileobj(f, g)
-        runs = [(plain, ("loader", str(w), mode)) for mode in ("packed", "padded") for w in args.workers]
-        runs += [(plain + ".gz", ("loader", str(max(args.workers)), "packed")), (plain, ("datasets",))]
+        runs = [(plain, ("loader", str(w), mode)) for mode in args.modes for w in args.workers]
+        if args.only == "all":
+            runs += [(plain + ".gz", ("loader", str(max(args.workers)), "packed")), (plain, ("datasets",))]
         rounds = [[] for _ in runs]
         # The one-thread rate is measured right before each run, and every contender runs once per
         # round: a shared machine's load drifts, so each row is the round with the median ratio.
@@ -269,31 +303,33 @@ def main() -> None:
                 r = run_one(args, *extra)
                 if data.endswith(".gz"):
                     r["name"] += ", .jsonl.gz input"
-                r.update(rate_cores=own["tokens_per_s"], rate_cpu=own["tokens_per_cpu_s"])
+                r.update(rate_cores=own["tokens_per_s"], rate_cpu=own["tokens_per_cpu_s"],
+                         tokenizer_cpu_us_per_record=own["cpu_us_per_record"])
                 r["ratio"] = r["tokens_per_s"] / r["rate_cores"]
                 r["ratio_cpu"] = r["tokens_per_cpu_s"] / r["rate_cpu"]
                 r["ratio_fast"] = r["tokens_per_s"] / own["fast_tokens_per_s"]
                 rounds[k].append(r)
     results = [sorted(rs, key=lambda r: r["ratio"])[len(rs) // 2] for rs in rounds]
-    peer = results[-1]["tokens_per_s"]
-    print(f"rows: {args.rows}; tokenizer: {os.path.basename(args.tokenizer)}; {BATCH}x{SEQ} batches; cpus: {cores()}; "
+    peer = results[-1]["tokens_per_s"] if args.only == "all" else float("nan")
+    print(f"input: {args.input}; rows: {args.rows}; tokenizer: {os.path.basename(args.tokenizer)}; {BATCH}x{SEQ} batches; cpus: {cores()}; "
           f"median of {args.rounds} rounds; load average now: {os.getloadavg()[0]:.1f}\n")
     print("| loader | first batch (s) | tokens/s | tokenizer tokens/s on the cores used | cores used | "
           "x (tokenizer x cores used) | x per CPU-second | x (encode_batch_fast x cores used) | / datasets | "
-          "main RSS (MiB) |")
-    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+          "main RSS (MiB) | CPU us / record (loader, all processes) | CPU us / record (encode_batch) |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for r in results:
         print(f"| {r['name']} | {r['first_batch_s']:.2f} | {r['tokens_per_s']:,.0f} | {r['rate_cores']:,.0f} | "
               f"{r['cores']} | {r['ratio']:.2f} | {r['ratio_cpu']:.2f} | {r['ratio_fast']:.2f} | "
-              f"{r['tokens_per_s'] / peer:.2f} | {r['main_rss_mib']:.0f} |")
+              f"{r['tokens_per_s'] / peer:.2f} | {r['main_rss_mib']:.0f} | {r['cpu_us_per_record']:.1f} | "
+              f"{r['tokenizer_cpu_us_per_record']:.1f} |")
     header = ["loader", "first_batch_s", "tokens_per_s", "tokenizer_tokens_per_s_on_cores_used", "cores_used",
               "x_tokenizer_cores_used", "x_per_cpu_second", "x_encode_batch_fast_cores_used", "x_datasets",
-              "main_rss_mib"]
+              "main_rss_mib", "cpu_us_per_record", "encode_batch_cpu_us_per_record"]
     write_table(args, header, [[r["name"], r["first_batch_s"], r["tokens_per_s"], r["rate_cores"], r["cores"],
                                 r["ratio"], r["ratio_cpu"], r["ratio_fast"], r["tokens_per_s"] / peer,
-                                r["main_rss_mib"]]
+                                r["main_rss_mib"], r["cpu_us_per_record"], r["tokenizer_cpu_us_per_record"]]
                                for r in results])
-    bar_svg(args, f"tokenize on read: {args.rows} c4 rows, {os.path.basename(args.tokenizer)}, {BATCH}x{SEQ} batches; "
+    bar_svg(args, f"tokenize on read: {args.rows} {args.input} rows, {os.path.basename(args.tokenizer)}, {BATCH}x{SEQ} batches; "
             "value = loader tokens/s / (tokenizer's one-thread rate x cores used)",
             [r["name"] for r in results], [r["ratio"] for r in results], "x (tokenizer's own rate x cores used)",
             highlight=[r["name"] for r in results if r["name"].startswith("pl.")])

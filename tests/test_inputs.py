@@ -121,3 +121,23 @@ def test_missing_and_truncated_inputs(tmp_path):
     p.write_bytes(gzip.compress(b'{"text": "a"}\n' * 1000)[:-30])
     with pytest.raises(InputError, match="cannot read"):
         open_input(str(p))
+
+
+def test_random_reads_of_jsonl_parse_as_json_loads(tmp_path):
+    # Random access parses lines without json.loads's per-call work, falling back to it for what it
+    # would read otherwise: every row (or its error) must equal a sequential read's and json.loads'.
+    lines = ['{"text": "a"}', '  {"text": "b", "n": [1, 2]}  ', '\ufeff{"text": "bom"}', '{"text": "\\ud800 lone"}',
+             '{"text": "c"', '[1, 2]', '"just a string"', '{"a": 1} {"b": 2}', '{"text": "x"}\r', '{"t": "é ü 中"}']
+    p = tmp_path / "rows.jsonl"
+    p.write_bytes("\n".join(lines).encode("utf-8") + b"\n")
+    table = open_input(str(p))
+    sequential = dict(table.read(0, len(table)))
+    randomly = table.get([9, 3, 0, 7, 5, 1, 8, 2, 6, 4])
+    for k, row in zip([9, 3, 0, 7, 5, 1, 8, 2, 6, 4], randomly):
+        if isinstance(row, BadRowError):
+            assert str(row) == str(sequential[k])
+            with pytest.raises(Exception):
+                assert isinstance(json.loads(lines[k]), dict)
+        else:
+            assert row == sequential[k] == json.loads(lines[k].encode("utf-8"))
+    assert sum(isinstance(r, BadRowError) for r in randomly) == 4  # the malformed, list, string, two-object lines

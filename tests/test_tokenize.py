@@ -171,3 +171,43 @@ def test_alpaca_mask_decodes_to_output_for_any_text(gpt2, instruction, extra, ou
     trained, whole = gpt2.decode(ids[mask == 1]), output + "<|endoftext|>"
     assert whole.endswith(trained) and not whole[: len(whole) - len(trained)].strip()
     assert trained.lstrip() == whole.lstrip()
+
+
+@pytest.mark.parametrize("max_length,overlong", [(None, "drop"), (2048, "drop"), (64, "drop"), (64, "truncate"), (8, "truncate")])
+def test_text_records_built_per_batch_equal_the_per_record_ones(gpt2, phi3, max_length, overlong):
+    # The text format builds a batch's records at once (_finish_text); the per-record _finish is the
+    # oracle: same ids, masks, dtypes, drops and truncation count, on real short and long rows, with
+    # GPT-2 (EOS appended) and phi-3-mini (its own post-processor).
+    texts = [line.strip() for line in open(need(DATA / "text" / "wikitext2_valid.txt")) if line.strip()][:400]
+    texts += [json.loads(line)["text"] for line in open(need(DATA / "text" / "llamafactory_c4_demo.jsonl"))][:100]
+    for tok in (gpt2, phi3):
+        batch = Formatter("text", tok, max_length=max_length, overlong=overlong)
+        one = Formatter("text", tok, max_length=max_length, overlong=overlong)
+        got = batch.encode([{"text": t} for t in texts])
+        oracle = [one._finish(enc, len(t), [(0, len(t))]) for t, enc in zip(texts, one._encode_batch(texts))]
+        assert len(got) == len(oracle)
+        for g, o in zip(got, oracle):
+            if isinstance(o, str):
+                assert g == o
+            else:
+                assert g[0].dtype == np.int32 and g[1].dtype == np.uint8
+                assert g[0].tolist() == o[0].tolist() and g[1].tolist() == o[1].tolist()
+        assert batch.truncated == one.truncated
+        if max_length == 64:  # the case exercises what it claims: some rows cut or dropped, some kept
+            assert 0 < sum(isinstance(o, str) or o[0].size == 64 for o in oracle) < len(oracle)
+
+
+def test_text_rows_good_and_bad_on_the_fast_path(gpt2):
+    # The text format takes plainly good rows without the general path's calls; every other row
+    # must still be dropped or refused as the general path says, naming its row and field.
+    rows = [{"text": "plain"}, {"text": "   \t "}, {"text": ""}, {"txt": "x"}, {"text": 5}, {"text": "a\ud800b"},
+            ["not", "a", "dict"], {"text": None}, {"text": "déjà vu, 中文"}]
+    out = Formatter("text", gpt2, on_bad_row="skip").encode(rows)
+    kinds = [o if isinstance(o, str) else "record" for o in out]
+    assert kinds == ["record", "empty", "empty", "bad_row", "bad_row", "bad_row", "bad_row", "bad_row", "record"]
+    assert out[8][0].tolist() == gpt2("déjà vu, 中文").input_ids + [gpt2.eos_token_id]
+    reasons = {3: "missing", 4: "expected a string", 5: "not valid Unicode", 6: "expected an object", 7: "missing"}
+    for i, reason in reasons.items():
+        with pytest.raises(BadRowError, match=f"row {i}") as e:
+            Formatter("text", gpt2).encode(rows[: i + 1][-1:], where=lambda j, i=i: f"row {i}")
+        assert reason in str(e.value) and ("text" in str(e.value) or i == 6)

@@ -42,7 +42,8 @@ def c4(**options):
                         split="train[:160]", **options)
 
 
-CONFIGS = {  # (loader options, dataset options): every way the planner reads lengths, and one it does not
+CONFIGS = {  # (loader options, dataset options): every way the planner reads lengths, and padding, which reads
+    # none but is tokenized ahead by blocks all the same
     "packed": (dict(packing=True, num_epochs=2), {}),  # the second epoch: lengths known, nothing sent ahead
     "packed-drop": (dict(packing=True, overlong="drop"), {}),
     "packed-dropped-rows": (dict(packing=True), dict(max_length=200, overlong="drop")),

@@ -175,24 +175,27 @@ class Tokenized(Dataset):
             for k, r in zip(present, encoded):
                 results[k] = r
             self.encoded += len(part)
-            for i, r in zip(part, results):
-                if r is None or isinstance(r, str):
+            for k, r in enumerate(results):
+                if type(r) is not tuple:
                     self.dropped[r or "empty"] += 1
-                    r = (_EMPTY_IDS, _EMPTY_MASK)
-                out[i] = r
-                self._lengths[i] = r[0].size
-                self._remember(i, r)
+                    results[k] = (_EMPTY_IDS, _EMPTY_MASK)
+            out.update(zip(part, results))
+            self._lengths[part] = np.fromiter((r[0].size for r in results), np.int64, len(results))
+            self._remember(part, results)
         return out
 
-    def _remember(self, i: int, record: tuple) -> None:
+    def _remember(self, indices: list, records: list) -> None:
+        """Keep ``records`` (of ``indices``) in the memo, forgetting the oldest beyond ``memo_tokens``."""
         with self._lock:
-            if i in self._memo:
-                return
-            self._memo[i] = record
-            self._memo_size += record[0].size + 1
-            while self._memo_size > self.memo_tokens and self._memo:
-                _, old = self._memo.popitem(last=False)
-                self._memo_size -= old[0].size + 1
+            memo, size = self._memo, self._memo_size
+            for i, record in zip(indices, records):
+                if i not in memo:
+                    memo[i] = record
+                    size += record[0].size + 1
+            while size > self.memo_tokens and memo:
+                _, old = memo.popitem(last=False)
+                size -= old[0].size + 1
+            self._memo_size = size
 
     def _records(self, indices) -> list[tuple]:
         idx = [int(i) for i in indices]

@@ -3,8 +3,10 @@
 A packed loader plans a window from its records' lengths before it reads a record; over
 :func:`portable_loader.tokenized` a length is a tokenization. So the main process does not
 compute them: the stream is cut into blocks of ``spec.packing_window`` positions (a block is a
-packing window; a padded loader with ``overlong="drop"`` reads lengths too), and each block whose
-lengths are not known yet is split into one part per worker, sent ahead on the workers' inboxes.
+packing window; a padded loader with ``overlong="drop"`` reads lengths too, and any padded loader
+tokenizes by blocks: a step's few records would pay the tokenizer's fixed costs per step), and each
+block whose lengths are not known yet is split into one part per worker, sent ahead on the
+workers' inboxes.
 A worker tokenizes its part, hands the records over (``source.tokenize_ahead``: a file the other
 workers read) and answers with the lengths, which the dataset learns (``source.learn``). Before
 the engine takes the next plan, :meth:`Ahead.ready` waits for the blocks that plan reads lengths
@@ -56,8 +58,15 @@ AHEAD_BLOCKS = 2  # blocks in flight beyond the one being planned: every worker 
 
 
 def wanted(source, spec) -> bool:
-    """Whether a loader of ``spec`` reads lengths from ``source`` that its workers should compute ahead."""
-    return source.tokenizes_ahead and (spec.packing or spec.overlong == "drop")
+    """Whether the workers of a loader of ``spec`` should tokenize ``source`` ahead, in blocks.
+
+    Always for a source that tokenizes on read. Packing (and padding with ``overlong="drop"``)
+    reads lengths before it plans; padding otherwise does not, but a step pads only a few records
+    (8 of ~100 tokens: less than a millisecond of tokenizing), and tokenizing them step by step paid
+    the tokenizer's and the reader's fixed costs per step: tokenized by blocks ahead, a step's
+    records are read from the memo and the hand-over files.
+    """
+    return bool(source.tokenizes_ahead)
 
 
 class Ahead:

@@ -157,6 +157,11 @@ def _split_window(split: str | None, total: int, name: str) -> tuple[int, int]:
 
 # --- line-based files: JSONL, JSONL.gz, txt ---------------------------------------------------
 
+# json.loads(bytes) less its per-call work (encoding detection, wrappers): ~2x faster on short lines.
+# Anything it would not parse the same way (another encoding, a BOM, errors) goes through json.loads.
+_RAW_DECODE = json.JSONDecoder().raw_decode
+_WHITESPACE = json.decoder.WHITESPACE.match
+
 
 def _open_bytes(path: str, storage_options: dict | None = None):
     if not is_url(path):
@@ -293,6 +298,16 @@ class _LineTable(InputTable):
 
     def _get_raw(self, raw_rows):
         bounds, _ = self._line_index()
+        local = self._plain or (None if self.gz or is_url(self.path) else self.path)
+        if local is not None and hasattr(os, "pread"):  # one pread a row: no seek, no 8 KiB buffer refill
+            at = np.asarray(raw_rows, dtype=np.int64)
+            fd = os.open(local, os.O_RDONLY)
+            try:
+                for r, a, b in zip(raw_rows, bounds[at].tolist(), bounds[at + 1].tolist()):
+                    yield from self._parse(r, os.pread(fd, b - a, a))
+            finally:
+                os.close(fd)
+            return
         with open(self._plain, "rb") if self._plain else _open_bytes(self.path, self.storage_options) as f:
             for r in raw_rows:
                 f.seek(int(bounds[r]))
@@ -307,6 +322,14 @@ class JsonLinesTable(_LineTable):
     def _parse(self, line_no, line):
         if not line.strip():
             return
+        try:  # the common case, cheaper: UTF-8 holding one JSON object (what json.loads returns then)
+            text = line.decode("utf-8")
+            row, end = _RAW_DECODE(text, _WHITESPACE(text, 0).end())
+            if type(row) is dict and _WHITESPACE(text, end).end() == len(text):
+                yield line_no, row
+                return
+        except (ValueError, RecursionError):  # not that: json.loads below says what it is
+            pass
         try:
             row = json.loads(line)
         except UnicodeDecodeError as e:
