@@ -4,7 +4,8 @@ Packing: ``FirstFitPackIterDataset``, ``BestFitPackIterDataset`` (portable_loade
 and ``ConcatThenSplitIterDataset`` with ``BOSHandling`` (portable_loader/dataset/iter_concat_split.py):
 Grain's elements, and a state that is a position (docs/grain.md says where they differ).
 Flat maps: ``FlatMapMapDataset`` (portable_loader/dataset/flat_map.py) and ``FlatMapIterDataset``
-(portable_loader/dataset/iter_flat_map.py), Grain's elements. ``ElasticIterator``
+(portable_loader/dataset/iter_flat_map.py), Grain's elements. ``RepeatIterDataset``
+(portable_loader/dataset/iter_repeat.py): Grain's passes, a position state. ``ElasticIterator``
 (portable_loader/grain/elastic.py): Grain's global batches per shard, and it takes filters and
 packing too.
 
@@ -36,6 +37,7 @@ from portable_loader.dataset.flat_map import FlatMapMapDataset
 from portable_loader.dataset.iter_concat_split import BOSHandling, ConcatThenSplitIterDataset
 from portable_loader.dataset.iter_flat_map import FlatMapIterDataset
 from portable_loader.dataset.iter_pack import BestFitPackIterDataset, FirstFitPackIterDataset
+from portable_loader.dataset.iter_repeat import RepeatIterDataset
 from portable_loader.dataset.transforms import apply_transformations
 from portable_loader.dataset.window_shuffle import WindowShuffle as WindowShuffleMapDataset
 from portable_loader.grain._unsupported import refused
@@ -50,7 +52,7 @@ from portable_loader.sampler import LCGSampler
 
 __all__ = ["BOSHandling", "BestFitPackIterDataset", "ConcatThenSplitIterDataset", "ElasticIterator",
            "FirstFitPackIterDataset", "FlatMapIterDataset", "FlatMapMapDataset", "FlatMapTransform",
-           "MapWithIndexTransform", "PerformanceConfig", "ThreadPrefetchIterDataset", "WindowShuffleMapDataset",
+           "MapWithIndexTransform", "PerformanceConfig", "RepeatIterDataset", "ThreadPrefetchIterDataset", "WindowShuffleMapDataset",
            "apply_transformations",
            "assert_equal_output_after_checkpoint", "batch_and_pad", "index_shuffle", "multithread_prefetch",
            "pick_performance_config"]
@@ -67,7 +69,6 @@ MISSING = {
     "ParquetIterDataset": (_NOT, "pl.source / pl.precache read Parquet files as random-access datasets"),
     "TFRecordIterDataset": (_NOT, "TFRecord is sequential only; convert it, or use ArrayRecord"),
     "RebatchIterDataset": (_NOT, "batch the unbatched stream instead"),
-    "RepeatIterDataset": (_NOT, "use MapDataset.repeat before to_iter_dataset"),
     "RngPool": (_NOT, "random_map draws from a generator keyed by the element; no pool is needed"),
     "ShapeDtypeStruct": (_NOT, "element specs are not computed here"),
     "ShapeDtypeStructProtocol": (_NOT, "element specs are not computed here"),
