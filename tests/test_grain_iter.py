@@ -624,3 +624,17 @@ def test_a_filter_that_drops_nearly_everything_warns_as_grain(caplog):
     with caplog.at_level(logging.WARNING):
         assert len(list(pg.MapDataset.range(0, 3000).to_iter_dataset().filter(lambda x: x % 2))) == 1500
     assert "skipped" not in caplog.text
+
+
+@pytest.mark.parametrize("seed", [0, 129, 2**31 + 5])
+def test_default_seed_and_random_map_seed_equal_grains(seed):
+    def seeds(g):
+        ds = g.MapDataset.range(15).to_iter_dataset().seed(seed)
+        first = ds.random_map(lambda x, rng: x)
+        second = first.random_map(lambda x, rng: x)
+        return (ds._default_seed, first._seed, second._seed, ds.map(abs)._default_seed,
+                g.MapDataset.range(15).seed(seed)._default_seed, g.MapDataset.range(3).to_iter_dataset()._default_seed)
+
+    got = seeds(pg)
+    assert got == seeds(grain)
+    assert got[1] != got[2] and got[-1] is None
