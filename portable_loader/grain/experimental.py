@@ -5,7 +5,8 @@ and ``ConcatThenSplitIterDataset`` with ``BOSHandling`` (portable_loader/dataset
 Grain's elements, and a state that is a position (docs/grain.md says where they differ).
 Flat maps: ``FlatMapMapDataset`` (portable_loader/dataset/flat_map.py) and ``FlatMapIterDataset``
 (portable_loader/dataset/iter_flat_map.py), Grain's elements. ``RepeatIterDataset``
-(portable_loader/dataset/iter_repeat.py): Grain's passes, a position state. ``ElasticIterator``
+(portable_loader/dataset/iter_repeat.py): Grain's passes, a position state. ``WindowShuffleIterDataset``
+(portable_loader/dataset/iter_window_shuffle.py): Grain's windows, our order in each. ``ElasticIterator``
 (portable_loader/grain/elastic.py): Grain's global batches per shard, and it takes filters and
 packing too.
 
@@ -38,6 +39,7 @@ from portable_loader.dataset.iter_concat_split import BOSHandling, ConcatThenSpl
 from portable_loader.dataset.iter_flat_map import FlatMapIterDataset
 from portable_loader.dataset.iter_pack import BestFitPackIterDataset, FirstFitPackIterDataset
 from portable_loader.dataset.iter_repeat import RepeatIterDataset
+from portable_loader.dataset.iter_window_shuffle import WindowShuffleIterDataset
 from portable_loader.dataset.transforms import apply_transformations
 from portable_loader.dataset.window_shuffle import WindowShuffle as WindowShuffleMapDataset
 from portable_loader.grain._unsupported import refused
@@ -52,7 +54,8 @@ from portable_loader.sampler import LCGSampler
 
 __all__ = ["BOSHandling", "BestFitPackIterDataset", "ConcatThenSplitIterDataset", "ElasticIterator",
            "FirstFitPackIterDataset", "FlatMapIterDataset", "FlatMapMapDataset", "FlatMapTransform",
-           "MapWithIndexTransform", "PerformanceConfig", "RepeatIterDataset", "ThreadPrefetchIterDataset", "WindowShuffleMapDataset",
+           "MapWithIndexTransform", "PerformanceConfig", "RepeatIterDataset", "ThreadPrefetchIterDataset",
+           "WindowShuffleIterDataset", "WindowShuffleMapDataset",
            "apply_transformations",
            "assert_equal_output_after_checkpoint", "batch_and_pad", "index_shuffle", "multithread_prefetch",
            "pick_performance_config"]
@@ -74,8 +77,6 @@ MISSING = {
     "ShapeDtypeStructProtocol": (_NOT, "element specs are not computed here"),
     "get_element_spec": (_NOT, "element specs are not computed here"),
     "ThreadPrefetchDatasetIterator": (_NOT, "to_iter_dataset(read_options=ReadOptions(...)) reads ahead with threads"),
-    "WindowShuffleIterDataset": (_NOT, "shuffle the MapDataset (globally, or WindowShuffleMapDataset) before "
-                                       "to_iter_dataset"),
     "WithOptionsIterDataset": (_NOT, "options of Grain's own execution engine"),
     "ZipIterDataset": (_NOT, "read two random-access datasets at one index with map_with_index instead"),
     "ZipMapDataset": (_NOT, "read two random-access datasets at one index with map_with_index instead"),
