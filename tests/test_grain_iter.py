@@ -638,3 +638,30 @@ def test_default_seed_and_random_map_seed_equal_grains(seed):
     got = seeds(pg)
     assert got == seeds(grain)
     assert got[1] != got[2] and got[-1] is None
+
+
+def test_a_few_elements_read_compute_about_as_many():
+    calls = []
+
+    def f(x):
+        calls.append(x)
+        return x
+
+    ds = pg.MapDataset.range(1000).map(f).to_iter_dataset(pg.ReadOptions(num_threads=0))
+    for start in (None, 500):
+        calls.clear()
+        it = iter(ds)
+        if start is not None:
+            it.set_state(next_state_at(ds, start))
+            calls.clear()
+        assert [next(it) for _ in range(5)] == list(range(start or 0, (start or 0) + 5))
+        assert len(calls) <= 7, calls  # chunks of 1, 2, 4 after a start, not 64
+    calls.clear()
+    assert list(ds) == list(range(1000)) and len(calls) == 1000  # a long read computes each once
+
+
+def next_state_at(ds, k):
+    it = iter(ds)
+    for _ in range(k):
+        next(it)
+    return it.get_state()
