@@ -121,7 +121,9 @@ class IterDataset:
 
     @property
     def _default_seed(self) -> int | None:
-        """Grain's ``_default_seed``: the seed a random transform added here without ``seed=`` derives (None: no ``.seed``).
+        """Grain's ``_default_seed``: the seed a random transform added here without ``seed=`` derives.
+
+        None where no ``.seed`` is upstream.
 
         Example:
             >>> ds = to_iter_dataset(range(3))

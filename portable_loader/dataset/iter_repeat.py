@@ -1,4 +1,4 @@
-"""Grain's ``RepeatIterDataset``: an ``IterDataset`` read ``num_epochs`` times over (forever for None); a position state.
+"""Grain's ``RepeatIterDataset``: an ``IterDataset`` read ``num_epochs`` times over (None: forever); a position state.
 
 ``RepeatIterDataset(parent, num_epochs)`` yields the elements of ``parent`` and, when it ends,
 starts ``parent`` again from the position its iterator started at, until ``num_epochs`` passes
@@ -39,7 +39,7 @@ __all__ = ["RepeatIterDataset"]
 
 
 class RepeatIterDataset(IterDataset):
-    """Grain's ``RepeatIterDataset(parent, num_epochs=None)``: ``parent``'s elements, ``num_epochs`` times (None: forever).
+    """Grain's ``RepeatIterDataset(parent, num_epochs=None)``: ``parent``'s elements ``num_epochs`` times.
 
     ``num_epochs`` must be a positive integer or None (``ValueError`` otherwise, as in Grain).
     ``parent`` is an ``IterDataset`` or a random-access dataset, read in order. Each pass gives the

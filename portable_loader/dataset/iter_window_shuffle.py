@@ -55,7 +55,7 @@ def window_order(n: int, seed: int, window: int) -> np.ndarray:
 
 
 class WindowShuffleIterDataset(IterDataset):
-    """Grain's ``WindowShuffleIterDataset(parent, *, window_size, seed)``: windows of ``window_size`` elements, each shuffled.
+    """Grain's ``WindowShuffleIterDataset(parent, *, window_size, seed)``: windows of elements, each shuffled.
 
     ``window_size`` must be a positive integer, ``seed`` an integer (as in Grain, no default
     seeding: it is required). ``parent`` is an ``IterDataset`` or a random-access dataset.

@@ -58,7 +58,8 @@ __all__ = ["BOSHandling", "BestFitPackIterDataset", "ConcatThenSplitIterDataset"
            "MapWithIndexTransform", "PerformanceConfig", "RepeatIterDataset", "ThreadPrefetchIterDataset",
            "WindowShuffleIterDataset", "WindowShuffleMapDataset",
            "ShapeDtypeStruct", "apply_transformations",
-           "assert_equal_output_after_checkpoint", "batch_and_pad", "get_element_spec", "index_shuffle", "multithread_prefetch",
+           "assert_equal_output_after_checkpoint", "batch_and_pad", "get_element_spec", "index_shuffle",
+           "multithread_prefetch",
            "pick_performance_config"]
 
 _NOT = "not supported"
@@ -180,7 +181,8 @@ def get_element_spec(ds) -> Any:
         >>> from portable_loader import grain
         >>> get_element_spec(grain.MapDataset.range(10))
         ShapeDtypeStruct(shape=(), dtype=dtype('int64'))
-        >>> get_element_spec(grain.MapDataset.range(4).map(lambda x: {"ids": np.zeros(3, np.int32)}).to_iter_dataset().batch(2))
+        >>> ds = grain.MapDataset.range(4).map(lambda x: {"ids": np.zeros(3, np.int32)})
+        >>> get_element_spec(ds.to_iter_dataset().batch(2))
         {'ids': ShapeDtypeStruct(shape=(2, 3), dtype=dtype('int32'))}
     """
     from portable_loader.dataset.base import Dataset
