@@ -624,3 +624,44 @@ def test_a_filter_that_drops_nearly_everything_warns_as_grain(caplog):
     with caplog.at_level(logging.WARNING):
         assert len(list(pg.MapDataset.range(0, 3000).to_iter_dataset().filter(lambda x: x % 2))) == 1500
     assert "skipped" not in caplog.text
+
+
+@pytest.mark.parametrize("seed", [0, 129, 2**31 + 5])
+def test_default_seed_and_random_map_seed_equal_grains(seed):
+    def seeds(g):
+        ds = g.MapDataset.range(15).to_iter_dataset().seed(seed)
+        first = ds.random_map(lambda x, rng: x)
+        second = first.random_map(lambda x, rng: x)
+        return (ds._default_seed, first._seed, second._seed, ds.map(abs)._default_seed,
+                g.MapDataset.range(15).seed(seed)._default_seed, g.MapDataset.range(3).to_iter_dataset()._default_seed)
+
+    got = seeds(pg)
+    assert got == seeds(grain)
+    assert got[1] != got[2] and got[-1] is None
+
+
+def test_a_few_elements_read_compute_about_as_many():
+    calls = []
+
+    def f(x):
+        calls.append(x)
+        return x
+
+    ds = pg.MapDataset.range(1000).map(f).to_iter_dataset(pg.ReadOptions(num_threads=0))
+    for start in (None, 500):
+        calls.clear()
+        it = iter(ds)
+        if start is not None:
+            it.set_state(next_state_at(ds, start))
+            calls.clear()
+        assert [next(it) for _ in range(5)] == list(range(start or 0, (start or 0) + 5))
+        assert len(calls) <= 7, calls  # chunks of 1, 2, 4 after a start, not 64
+    calls.clear()
+    assert list(ds) == list(range(1000)) and len(calls) == 1000  # a long read computes each once
+
+
+def next_state_at(ds, k):
+    it = iter(ds)
+    for _ in range(k):
+        next(it)
+    return it.get_state()

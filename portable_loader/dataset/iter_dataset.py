@@ -119,6 +119,21 @@ class IterDataset:
     def _identity(self) -> tuple:
         raise NotImplementedError
 
+    @property
+    def _default_seed(self) -> int | None:
+        """Grain's ``_default_seed``: the seed a random transform added here without ``seed=`` derives.
+
+        None where no ``.seed`` is upstream.
+
+        Example:
+            >>> ds = to_iter_dataset(range(3))
+            >>> ds.seed(5)._default_seed == ds.seed(5)._default_seed != ds.seed(6)._default_seed
+            True
+            >>> ds._default_seed is None
+            True
+        """
+        return default_seed(self, depth=0)
+
     def fingerprint(self) -> str:
         """16 hex digits naming the pipeline: source, operations, functions, seeds, mixture weights.
 
@@ -315,6 +330,17 @@ class _OpNode(IterDataset):
                 )
             op.seed = seed
         self.op = op
+
+    @property
+    def _seed(self) -> int | None:
+        """Grain's ``_seed`` of a ``random_map``: the seed its generator uses (None for other operations).
+
+        Example:
+            >>> ds = to_iter_dataset(range(3)).seed(9).random_map(lambda x, rng: x)
+            >>> ds._seed != ds.random_map(lambda x, rng: x)._seed   # each depth derives its own
+            True
+        """
+        return self.op.seed
 
     def _identity(self) -> tuple:
         return (self.op.identity(), self._parent._identity())

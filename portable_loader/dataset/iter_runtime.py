@@ -117,6 +117,10 @@ class InlineExec:
         self.threads = min(int(threads), self.depth)
         self._pool: futures.ThreadPoolExecutor | None = None
         self._ahead: collections.deque = collections.deque()
+        # Without read-ahead, the chunks after a (re)start grow 1, 2, 4, ... up to ``chunk``: an iterator
+        # read for a few elements computes about as many (Grain computes one at a time), a long read
+        # reaches the batched size after a few chunks.
+        self._ramp = 1
 
     def bind(self, ds, seg: Segment) -> None:
         self.ds, self.seg, self.n = ds, seg, len(ds)
@@ -124,6 +128,7 @@ class InlineExec:
     def restart(self, pos: int, running: list) -> None:
         self._cancel()
         self.next_pos, self.running = pos, list(running)
+        self._ramp = 1
 
     def _cancel(self) -> None:
         while self._ahead:
@@ -148,7 +153,9 @@ class InlineExec:
         a = self.next_pos
         if a >= self.n:
             return None
-        b = min(a + self.chunk, self.n)
+        size = self.chunk if self.depth else min(self.chunk, self._ramp)
+        self._ramp = min(self.chunk, 2 * self._ramp)
+        b = min(a + size, self.n)
         pending = self._read_ahead(a)
         try:
             read = pending.result() if pending is not None else None

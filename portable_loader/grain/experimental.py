@@ -4,7 +4,9 @@ Packing: ``FirstFitPackIterDataset``, ``BestFitPackIterDataset`` (portable_loade
 and ``ConcatThenSplitIterDataset`` with ``BOSHandling`` (portable_loader/dataset/iter_concat_split.py):
 Grain's elements, and a state that is a position (docs/grain.md says where they differ).
 Flat maps: ``FlatMapMapDataset`` (portable_loader/dataset/flat_map.py) and ``FlatMapIterDataset``
-(portable_loader/dataset/iter_flat_map.py), Grain's elements. ``ElasticIterator``
+(portable_loader/dataset/iter_flat_map.py), Grain's elements. ``RepeatIterDataset``
+(portable_loader/dataset/iter_repeat.py): Grain's passes, a position state. ``WindowShuffleIterDataset``
+(portable_loader/dataset/iter_window_shuffle.py): Grain's windows, our order in each. ``ElasticIterator``
 (portable_loader/grain/elastic.py): Grain's global batches per shard, and it takes filters and
 packing too.
 
@@ -26,6 +28,7 @@ Example:
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from typing import Any, Sequence
 
@@ -36,6 +39,8 @@ from portable_loader.dataset.flat_map import FlatMapMapDataset
 from portable_loader.dataset.iter_concat_split import BOSHandling, ConcatThenSplitIterDataset
 from portable_loader.dataset.iter_flat_map import FlatMapIterDataset
 from portable_loader.dataset.iter_pack import BestFitPackIterDataset, FirstFitPackIterDataset
+from portable_loader.dataset.iter_repeat import RepeatIterDataset
+from portable_loader.dataset.iter_window_shuffle import WindowShuffleIterDataset
 from portable_loader.dataset.transforms import apply_transformations
 from portable_loader.dataset.window_shuffle import WindowShuffle as WindowShuffleMapDataset
 from portable_loader.grain._unsupported import refused
@@ -50,9 +55,11 @@ from portable_loader.sampler import LCGSampler
 
 __all__ = ["BOSHandling", "BestFitPackIterDataset", "ConcatThenSplitIterDataset", "ElasticIterator",
            "FirstFitPackIterDataset", "FlatMapIterDataset", "FlatMapMapDataset", "FlatMapTransform",
-           "MapWithIndexTransform", "PerformanceConfig", "ThreadPrefetchIterDataset", "WindowShuffleMapDataset",
-           "apply_transformations",
-           "assert_equal_output_after_checkpoint", "batch_and_pad", "index_shuffle", "multithread_prefetch",
+           "MapWithIndexTransform", "PerformanceConfig", "RepeatIterDataset", "ThreadPrefetchIterDataset",
+           "WindowShuffleIterDataset", "WindowShuffleMapDataset",
+           "ShapeDtypeStruct", "apply_transformations",
+           "assert_equal_output_after_checkpoint", "batch_and_pad", "get_element_spec", "index_shuffle",
+           "multithread_prefetch",
            "pick_performance_config"]
 
 _NOT = "not supported"
@@ -67,14 +74,9 @@ MISSING = {
     "ParquetIterDataset": (_NOT, "pl.source / pl.precache read Parquet files as random-access datasets"),
     "TFRecordIterDataset": (_NOT, "TFRecord is sequential only; convert it, or use ArrayRecord"),
     "RebatchIterDataset": (_NOT, "batch the unbatched stream instead"),
-    "RepeatIterDataset": (_NOT, "use MapDataset.repeat before to_iter_dataset"),
     "RngPool": (_NOT, "random_map draws from a generator keyed by the element; no pool is needed"),
-    "ShapeDtypeStruct": (_NOT, "element specs are not computed here"),
-    "ShapeDtypeStructProtocol": (_NOT, "element specs are not computed here"),
-    "get_element_spec": (_NOT, "element specs are not computed here"),
+    "ShapeDtypeStructProtocol": (_NOT, "a typing protocol of Grain's; ShapeDtypeStruct is the class to use"),
     "ThreadPrefetchDatasetIterator": (_NOT, "to_iter_dataset(read_options=ReadOptions(...)) reads ahead with threads"),
-    "WindowShuffleIterDataset": (_NOT, "shuffle the MapDataset (globally, or WindowShuffleMapDataset) before "
-                                       "to_iter_dataset"),
     "WithOptionsIterDataset": (_NOT, "options of Grain's own execution engine"),
     "ZipIterDataset": (_NOT, "read two random-access datasets at one index with map_with_index instead"),
     "ZipMapDataset": (_NOT, "read two random-access datasets at one index with map_with_index instead"),
@@ -149,3 +151,57 @@ def batch_and_pad(values: Sequence[Any], *, batch_size: int, pad_value: Any = 0)
     if not missing:
         return batch
     return _tree_map(lambda x: np.concatenate([x, np.full((missing,) + x.shape[1:], pad_value, dtype=x.dtype)]), batch)
+
+
+@dataclasses.dataclass(frozen=True)
+class ShapeDtypeStruct:
+    """Grain's ``ShapeDtypeStruct``: the ``shape`` and ``dtype`` of one leaf of an element.
+
+    Example:
+        >>> import numpy as np
+        >>> ShapeDtypeStruct(shape=(2, 3), dtype=np.dtype("int32"))
+        ShapeDtypeStruct(shape=(2, 3), dtype=dtype('int32'))
+    """
+
+    shape: tuple
+    dtype: Any
+
+
+def get_element_spec(ds) -> Any:
+    """Grain's ``get_element_spec``: the element's structure with a :class:`ShapeDtypeStruct` for each leaf.
+
+    Grain derives it from the pipeline without reading data; here it is read off the first element
+    (of ``ds.to_iter_dataset()`` for a ``MapDataset``, of a new iterator for an ``IterDataset``,
+    which is closed at once), so it is exact for any transform, and costs one element. A leaf is
+    described as ``np.asarray`` sees it (a Python int is ``int64``, as in Grain). An empty dataset
+    raises ``ValueError``.
+
+    Example:
+        >>> import numpy as np
+        >>> from portable_loader import grain
+        >>> get_element_spec(grain.MapDataset.range(10))
+        ShapeDtypeStruct(shape=(), dtype=dtype('int64'))
+        >>> ds = grain.MapDataset.range(4).map(lambda x: {"ids": np.zeros(3, np.int32)})
+        >>> get_element_spec(ds.to_iter_dataset().batch(2))
+        {'ids': ShapeDtypeStruct(shape=(2, 3), dtype=dtype('int32'))}
+    """
+    from portable_loader.dataset.base import Dataset
+    from portable_loader.dataset.iter_dataset import IterDataset
+
+    if isinstance(ds, Dataset):
+        ds = ds.to_iter_dataset()
+    if not isinstance(ds, IterDataset):
+        raise TypeError(f"get_element_spec: expected a MapDataset or IterDataset, got {type(ds).__name__}")
+    it = iter(ds)
+    try:
+        first = next(it)
+    except StopIteration:
+        raise ValueError("get_element_spec: the dataset is empty, so it has no element to describe") from None
+    finally:
+        it.close()
+
+    def spec(leaf):
+        a = np.asarray(leaf)
+        return ShapeDtypeStruct(shape=tuple(a.shape), dtype=a.dtype)
+
+    return _tree_map(spec, first)
