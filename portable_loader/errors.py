@@ -88,7 +88,7 @@ class WorkerError(RuntimeError):
     worker's own traceback, or how it ended.
 
     Example:
-        >>> raise WorkerError("loader worker 0 (pid 4242) exited unexpectedly with code -9")
+        >>> raise WorkerError("loader worker 0 (pid 4242) was terminated unexpectedly with exit code -9")
         Traceback (most recent call last):
-        portable_loader.errors.WorkerError: loader worker 0 (pid 4242) exited unexpectedly with code -9
+        portable_loader.errors.WorkerError: loader worker 0 (pid 4242) was terminated unexpectedly with exit code -9
     """

@@ -433,7 +433,7 @@ def test_a_killed_worker_is_reported_not_waited_for(small_chunks):
     next(it)
     for pid in children() - before:
         os.kill(pid, 9)
-    with pytest.raises(WorkerError, match="exited unexpectedly"):
+    with pytest.raises(WorkerError, match="terminated unexpectedly"):
         for _ in range(10**6):
             next(it)
     it.close()

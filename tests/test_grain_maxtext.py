@@ -153,7 +153,7 @@ def run(impl: str, records: Path, workers: int, shuffle: bool, packing: bool, tm
     proc = subprocess.run([sys.executable, str(script), str(records), str(workers), str(int(shuffle)),
                            str(int(packing)), str(runs)], env=env, capture_output=True, text=True, timeout=240)
     assert proc.returncode == 0, f"{impl} workers={workers}: rc={proc.returncode}\n{proc.stderr[-3000:]}"
-    assert "WorkerError" not in proc.stderr and "exited unexpectedly" not in proc.stderr
+    assert "WorkerError" not in proc.stderr and "terminated unexpectedly" not in proc.stderr
     out = [json.loads(x[len("RESULT "):]) for x in proc.stdout.splitlines() if x.startswith("RESULT ")]
     assert len(out) == runs
     return out

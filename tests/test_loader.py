@@ -406,7 +406,7 @@ def test_killed_worker_is_reported_not_waited_for():
     take(it, 2)
     victim = next(p for p in loader_processes() if p.pid not in others)
     victim.kill()  # like the OOM killer: the zombie is left for the loader to find
-    with pytest.raises(WorkerError, match="exited unexpectedly with code -9"):
+    with pytest.raises(WorkerError, match="was terminated unexpectedly with exit code -9"):
         take(it, 10)
     it.close()
     assert_no_leaks(before)

@@ -291,7 +291,7 @@ def receive(chan: Channel, proc, what: str):
     _reap([proc])
     code = proc.exitcode
     why = f" (signal {signal.Signals(-code).name})" if code is not None and code < 0 and -code in signal.valid_signals() else ""
-    raise WorkerError(f"{what} (pid {proc.pid}) exited unexpectedly with code {code}{why}") from None
+    raise WorkerError(f"{what} (pid {proc.pid}) was terminated unexpectedly with exit code {code}{why}") from None
 
 
 def end(procs: list, chans: list) -> None:
