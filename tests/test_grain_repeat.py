@@ -18,6 +18,7 @@ from hypothesis import given, settings, strategies as st
 
 from portable_loader import grain as pg
 from portable_loader.errors import StateError
+from conftest import take
 
 SETTINGS = dict(derandomize=True, deadline=None, max_examples=60)
 
@@ -29,16 +30,6 @@ def build(g, n: int, num_epochs, keep_mod: int, batch: int):
     ds = g.experimental.RepeatIterDataset(ds, num_epochs=num_epochs)
     ds = ds.map_with_index(lambda i, x: (i, x))
     return ds.batch(batch, batch_fn=list) if batch > 1 else ds
-
-
-def take(ds, k: int) -> list:
-    it, out = iter(ds), []
-    for _ in range(k):
-        try:
-            out.append(next(it))
-        except StopIteration:
-            break
-    return out
 
 
 @settings(**SETTINGS)
@@ -85,18 +76,9 @@ def test_resume_anywhere_is_the_continuation(n, num_epochs, keep_mod, batch, cut
     resumed = ds.mp_prefetch(pg.MultiprocessingOptions(num_workers=workers)) if workers else ds
     with iter(resumed) as it2:
         it2.set_state(state)
-        rest = take_from(it2, 40 - len(got))
+        rest = take(it2, 40 - len(got))
     assert got + rest == full
 
-
-def take_from(it, k):
-    out = []
-    for _ in range(k):
-        try:
-            out.append(next(it))
-        except StopIteration:
-            break
-    return out
 
 
 def test_state_is_epoch_and_position():
