@@ -516,20 +516,11 @@ class Formatter:
             return self._encode_text(rows, where)
         texts, spans, out = [], [], [None] * len(rows)
         for i, row in enumerate(rows):
-            try:
-                if isinstance(row, BadRowError):
-                    raise row
-                if not isinstance(row, dict):
-                    raise _bad_row(self.path, where(i), None, f"expected an object, got {type(row).__name__}")
-                text, row_spans = self._render(row, lambda i=i: where(i))
-            except BadRowError:
-                if self.on_bad_row != "skip":
-                    raise
+            rendered = self._rendered(row, i, where)
+            if rendered is None:
                 out[i] = "bad_row"
                 continue
-            if self.fmt == "text" and not text.strip():
-                out[i] = "empty"
-                continue
+            text, row_spans = rendered
             if not row_spans:
                 out[i] = "no_target"
                 continue
@@ -541,6 +532,19 @@ class Formatter:
         for (i, row_spans), text, enc in zip(spans, texts, encodings):
             out[i] = self._finish(enc, len(text), row_spans)
         return out
+
+    def _rendered(self, row, i: int, where):
+        """``(text, spans)`` of row ``i``, or None for a bad row skipped (``on_bad_row="skip"``); else its error."""
+        try:
+            if isinstance(row, BadRowError):
+                raise row
+            if not isinstance(row, dict):
+                raise _bad_row(self.path, where(i), None, f"expected an object, got {type(row).__name__}")
+            return self._render(row, lambda: where(i))
+        except BadRowError:
+            if self.on_bad_row != "skip":
+                raise
+            return None
 
     def _encode_text(self, rows, where) -> list:
         """``encode`` for the ``text`` format: a row's text is its record, every token trained.
@@ -554,17 +558,11 @@ class Formatter:
         for i, row in enumerate(rows):
             text = row.get(column) if type(row) is dict else None
             if type(text) is not str or not (text.isascii() or _utf8(text)):
-                try:
-                    if isinstance(row, BadRowError):
-                        raise row
-                    if not isinstance(row, dict):
-                        raise _bad_row(self.path, where(i), None, f"expected an object, got {type(row).__name__}")
-                    text, _ = self._render(row, lambda i=i: where(i))
-                except BadRowError:
-                    if self.on_bad_row != "skip":
-                        raise
+                rendered = self._rendered(row, i, where)
+                if rendered is None:
                     out[i] = "bad_row"
                     continue
+                text = rendered[0]
             if not text or text.isspace():  # (what `not text.strip()` says, without a copy)
                 out[i] = "empty"
                 continue
