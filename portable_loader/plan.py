@@ -57,7 +57,7 @@ from portable_loader.sampler import LCGSampler
 if TYPE_CHECKING:  # the dataset package imports the planner's module
     from portable_loader.dataset.protocols import StreamOrder
 
-__all__ = ["Cursor", "MAX_REJECTED", "Planner"]
+__all__ = ["Cursor", "MAX_REJECTED", "Planner", "packed_rows"]
 
 _CHUNK = 4096
 _KEPT_CHUNKS = 8  # 32 KiB of record indices each (and as much of lengths)
@@ -146,6 +146,9 @@ class Planner:
         # hosts: no host's batch holds every row).
         self.count_lengths = count_lengths
         self.drop_remainder = drop_remainder
+        # Packs a window elsewhere (``w -> _pack_window(w)``'s result): a worker process, which the
+        # engine sets while it runs (engine/pack_ahead.py). None: packed here.
+        self.packer: Callable[[int], tuple[list[list[Piece]], int, int]] | None = None
 
     def records(self, lo: int, hi: int) -> np.ndarray:
         """Record indices at global stream positions ``[lo, hi)``.
@@ -236,8 +239,9 @@ class Planner:
         planned = self._planned(w)
         return None if planned is None else planned[0]
 
-    def _pack_window(self, w: int) -> tuple[list[list[Piece]], int, int]:
-        """Window ``w`` packed (packer's order), its over-long records and its rejected ones."""
+    def window_input(self, w: int) -> tuple[np.ndarray, np.ndarray, int, int]:
+        """What window ``w`` is packed from: its accepted records, their lengths, how many of them are
+        over-long and how many records the filters rejected."""
         recs = self._window_records(w)
         rejected = 0
         if self._accept is not None:
@@ -245,42 +249,33 @@ class Planner:
             rejected = int(recs.size - np.count_nonzero(ok))
             recs = recs[ok]
         lengths = self._lengths(recs) if recs.size else np.zeros(0, dtype=np.int64)
-        rows = pack(recs, lengths, self.seq_len, self.overlong)
-        return rows, int(np.count_nonzero(lengths > self.seq_len)), rejected
+        return recs, lengths, int(np.count_nonzero(lengths > self.seq_len)), rejected
+
+    def _pack_window(self, w: int) -> tuple[list[list[Piece]], int, int]:
+        """Window ``w`` packed (rows in serving order), its over-long records and its rejected ones."""
+        recs, lengths, over, rejected = self.window_input(w)
+        return packed_rows(recs, lengths, self.seq_len, self.overlong, self.row_key(w)), over, rejected
 
     def _planned(self, w: int) -> tuple[list[list[Piece]], int, int] | None:
         if w not in self._windows:
             if self.num_windows is not None and w >= self.num_windows:
                 planned = None
             else:
-                rows, over, rejected = self._pack_window(w)
-                planned = (self.row_order(rows, w), over, rejected)
+                planned = (self.packer or self._pack_window)(w)
             if len(self._windows) >= 2:
                 self._windows.pop(min(self._windows))
             self._windows[w] = planned
         return self._windows[w]
 
-    def row_order(self, rows: list, w: int) -> list:
-        """``rows`` in the keyed order of window ``w``: a permutation that depends on (seed, w) only.
+    def row_key(self, w: int) -> int | None:
+        """The key of window ``w``'s row order (``packed_rows``): a function of (seed, w) only, or
+        None without shuffling (an evaluation pass keeps the packer's order).
 
-        The window index counts windows of the whole stream, so it also tells the epoch. Without
-        shuffling (an evaluation pass) the packer's order is kept.
+        The window index counts windows of the whole stream, so it also tells the epoch.
         """
-        if not self.sampler.shuffle or len(rows) < 2:
-            return rows
-        key = _splitmix64(self.sampler.seed ^ _splitmix64(w ^ _ROW_ORDER_SALT))
-        # LCGSampler(n, key)'s order, taken from its bijection of [0, 2**k) (its permutation of
-        # 2**k records) by cycle walking in Python: a few hundred rows walk in half the time of the
-        # vectorized walk's numpy passes.
-        n = len(rows)
-        size = 1 << (n - 1).bit_length()
-        table = KeyedPermutation(size, key)(np.arange(size, dtype=np.uint64)).tolist()  # LCGSampler(size, key)'s epoch 0
-        out = []
-        for i in table[:n]:
-            while i >= n:
-                i = table[i]
-            out.append(rows[i])
-        return out
+        if not self.sampler.shuffle:
+            return None
+        return _splitmix64(self.sampler.seed ^ _splitmix64(w ^ _ROW_ORDER_SALT))
 
     def _count(self, step: int, touched: int | None, rejected: int = 0) -> None:
         if len(self.counts) >= _KEPT_COUNTS:
@@ -579,6 +574,33 @@ class ServedRows(NamedTuple):
     consumer to count per source (``served_by_source``) many steps at once."""
 
     rows: list
+
+
+def packed_rows(recs: np.ndarray, lengths: np.ndarray, seq_len: int, overlong: str, key: int | None) -> list[list[Piece]]:
+    """A packing window's rows in serving order: ``recs`` packed (``collate.pack``), then put in the
+    keyed order of ``key`` (``Planner.row_key``; None keeps the packer's order). A pure function of
+    its arguments, so a worker process computes the same rows as the planner would.
+
+    Example:
+        >>> rows = packed_rows(np.arange(6), np.array([5, 2, 9, 3, 1, 4]), 8, "split", key=7)
+        >>> sorted(rows) == sorted(pack(np.arange(6), np.array([5, 2, 9, 3, 1, 4]), 8, "split"))
+        True
+    """
+    rows = pack(recs, lengths, seq_len, overlong)
+    if key is None or len(rows) < 2:
+        return rows
+    # LCGSampler(n, key)'s order, taken from its bijection of [0, 2**k) (its permutation of
+    # 2**k records) by cycle walking in Python: a few hundred rows walk in half the time of the
+    # vectorized walk's numpy passes.
+    n = len(rows)
+    size = 1 << (n - 1).bit_length()
+    table = KeyedPermutation(size, key)(np.arange(size, dtype=np.uint64)).tolist()  # LCGSampler(size, key)'s epoch 0
+    out = []
+    for i in table[:n]:
+        while i >= n:
+            i = table[i]
+        out.append(rows[i])
+    return out
 
 
 def served_by_source(groups: np.ndarray, served: list) -> np.ndarray:

@@ -35,11 +35,13 @@ import numpy as np
 
 from portable_loader.engine.ahead import AHEAD_BLOCKS, Ahead, wanted
 from portable_loader.engine.blocks import Layout, Pool, WorkerBlocks
+from portable_loader.engine.pack_ahead import PackAhead
 from portable_loader.engine.inline import build_batch
 from portable_loader.engine.threads import WorkerError
 from portable_loader.engine.workers import context, end, launch, load, pickled, receive, worker_setup, worker_tasks
 from portable_loader.collate import collating_into
 from portable_loader.lifecycle import hook_last
+from portable_loader.plan import packed_rows
 from portable_loader.step_plans import StepPlans
 
 __all__ = ["ProcessEngine"]
@@ -57,6 +59,8 @@ def _worker_main(chan, parent: int, forked_from_main: bool, index: int, work) ->
         try:
             if kind == "ahead":  # tokenize records, answer their lengths
                 value = source.tokenize_ahead(*task[2])
+            elif kind == "pack":  # pack a window of the plan, answer its rows
+                value = packed_rows(*task[2])
             else:
                 rows, block, size, rows_n, retired = task[2:]
                 blocks.forget(retired)
@@ -93,7 +97,7 @@ class ProcessEngine:
         self._plans, self._spec = plans, spec
         self._sent: list = []  # (cursor after the step, its block, its layout), per step handed out, not yet consumed
         self._early: dict = {}  # (worker, key) -> (kind, value): replies that came before the one awaited
-        self._ahead = None
+        self._ahead = self._pack = None
         self._ended = False
         self.row_tokens = None  # real tokens per row of the batch last returned, counted by its worker
         n = spec.num_workers
@@ -109,6 +113,9 @@ class ProcessEngine:
             if wanted(source, spec):
                 self._ahead = Ahead(plans, source, workers=n, send=lambda j, task: self._send(j, ("ahead", *task)),
                                     receive=self._receive)
+            elif plans.planner.packing:  # best fit: the workers pack the windows too
+                self._pack = PackAhead(plans.planner, workers=n, send=lambda j, task: self._send(j, ("pack", *task)),
+                                       receive=self._receive)
             self._fill()
         except BaseException:  # the caller never gets this engine to close (a bad row met by the planner)
             self.close()
@@ -147,6 +154,8 @@ class ProcessEngine:
             self._send(w, ("batch", step, rows, block.id, block.size, layout.rows, retired), (block.fd,) if new else ())
             if ahead is not None:  # queued after the step, so that the step's batch is not held up
                 ahead.dispatch(ahead.block_of(cursor) + AHEAD_BLOCKS)
+            elif self._pack is not None:
+                self._pack.dispatch_for(cursor, plans.planner.sizes.size(cursor.step, cursor.samples))
 
     def _receive(self, worker: int, key):
         """Worker ``worker``'s reply ``(kind, value)`` for ``key``; replies it sent before are kept."""
@@ -192,3 +201,6 @@ class ProcessEngine:
         if self._ahead is not None:
             ahead, self._ahead = self._ahead, None
             ahead.close()
+        if self._pack is not None:
+            pack, self._pack = self._pack, None
+            pack.close()
