@@ -27,6 +27,7 @@ Example:
 from __future__ import annotations
 
 import bisect
+import threading
 from typing import Mapping, Sequence
 
 import numpy as np
@@ -43,7 +44,9 @@ PADDED_FIELDS = ("input_ids", "loss_mask", "attention_mask")
 _CHECKED = {FIELDS, PADDED_FIELDS}  # already valid: skip the check on the hot path
 FIELD_DTYPES = {"input_ids": np.dtype(np.int32), "loss_mask": np.dtype(np.uint8), "attention_mask": np.dtype(np.uint8),
                 "segment_ids": np.dtype(np.int32), "positions": np.dtype(np.int32)}
-_into = None  # a worker's allocator of the batch being built (collating_into), else None: numpy's
+# The allocator of the batch this thread builds (collating_into), else None: numpy's. Per thread: a
+# prefetch thread collates into its pool while the trainer's thread may build batches of its own.
+_local = threading.local()
 
 
 class collating_into:
@@ -65,13 +68,12 @@ class collating_into:
         self.alloc = alloc
 
     def __enter__(self):
-        global _into
-        self._before, _into = _into, self.alloc
+        self._before = getattr(_local, "into", None)
+        _local.into = self.alloc
         return self
 
     def __exit__(self, *exc) -> None:
-        global _into
-        _into = self._before
+        _local.into = self._before
 
 
 def new_fields(n: int, seq_len: int, pad_id: int, fields: Sequence[str], flat: bool = False) -> dict[str, np.ndarray]:
@@ -85,14 +87,15 @@ def new_fields(n: int, seq_len: int, pad_id: int, fields: Sequence[str], flat: b
         [[9, 9, 9]]
     """
     shape = (n * seq_len,) if flat else (n, seq_len)
-    if _into is None:
+    into = getattr(_local, "into", None)
+    if into is None:
         out = {"input_ids": np.full(shape, pad_id, dtype=np.int32) if pad_id else np.zeros(shape, np.int32)}
         for name in fields[1:]:
             out[name] = np.zeros(shape, dtype=FIELD_DTYPES[name])
         return out
     out = {}
     for name in fields:
-        values = _into(name, n * seq_len).reshape(shape)
+        values = into(name, n * seq_len).reshape(shape)
         values.fill(pad_id if name == "input_ids" else 0)
         out[name] = values
     return out

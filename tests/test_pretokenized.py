@@ -291,7 +291,8 @@ def test_a_second_epoch_reorders_the_same_windows(corpus):
     assert sorted(map(bytes, first)) == sorted(map(bytes, second)) and not np.array_equal(first, second)
 
 
-def test_a_token_share_mixture_of_corpora_holds_its_shares(tmp_path):
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_token_share_mixture_of_corpora_holds_its_shares(tmp_path, workers):
     rng = np.random.default_rng(0)
     for name, lo, mean in (("a", 1, 40), ("b", 1000, 400)):  # very different document lengths
         docs = [rng.integers(lo, lo + 900, rng.integers(1, 2 * mean)).tolist() + [EOS] for _ in range(3000 * 40 // mean)]
@@ -300,7 +301,7 @@ def test_a_token_share_mixture_of_corpora_holds_its_shares(tmp_path):
     b = pl.pretokenized(str(tmp_path / "b.bin"), eos_token_id=EOS)
     m = pl.mix({"a": a, "b": b}, {"a": 0.3, "b": 0.7}, unit="tokens")
     counts = {"a": 0, "b": 0}
-    with iter(pl.DataLoader(m, global_batch_size=8, seq_len=128, seed=0, packing="concat")) as it:
+    with iter(pl.DataLoader(m, global_batch_size=8, seq_len=128, seed=0, packing="concat", num_workers=workers)) as it:
         for _ in range(200):
             batch = next(it)
             ids = batch["input_ids"]

@@ -46,8 +46,8 @@ KW = dict(global_batch_size=16, seq_len=2048, seed=3, packing=True, packing_wind
 class CreationOrder(Planner):
     """The plan as served before: each window's rows in the order the packer created them."""
 
-    def row_order(self, rows, w):
-        return rows
+    def row_key(self, w):
+        return None  # the packer's order
 
 
 def planned_steps(loader, planner_cls=Planner, steps=600):

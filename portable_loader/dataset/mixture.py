@@ -33,6 +33,7 @@ from typing import Mapping, Sequence
 
 import numpy as np
 
+from portable_loader.collate import FIELDS, collating_into, new_fields
 from portable_loader.cache.readers import KEEP_SPANS_MAX, Spans, join_spans, kept_spans, spans_of
 from portable_loader.dataset.base import Dataset, digest
 from portable_loader.dataset.order import MixOrder, Stage, name_key
@@ -436,12 +437,13 @@ class Mix(Dataset):
     def _collate_rows(self, rows, seq_len: int, pad_id: int = 0, fields=None) -> dict[str, np.ndarray]:
         full = [r for r, row in enumerate(rows) if row]
         parts = []
-        for i, where, rec in self._groups([rows[r][0][0] for r in full])[1]:
-            part = self.children[i].collate_rows([[(w, 0, seq_len)] for w in rec.tolist()], seq_len, pad_id, fields)
-            parts.append((np.asarray(full)[where], part))
-        out = {}
-        for name, values in parts[0][1].items():
-            out[name] = np.full((len(rows), seq_len), pad_id if name == "input_ids" else 0, dtype=values.dtype)
+        with collating_into(None):  # the parts in memory of their own: the batch is what a worker's block holds
+            for i, where, rec in self._groups([rows[r][0][0] for r in full])[1]:
+                part = self.children[i].collate_rows([[(w, 0, seq_len)] for w in rec.tolist()], seq_len, pad_id, fields)
+                parts.append((np.asarray(full)[where], part))
+        if not parts:
+            return new_fields(len(rows), seq_len, pad_id, fields or FIELDS)
+        out = new_fields(len(rows), seq_len, pad_id, tuple(parts[0][1]))
         for at, part in parts:
             for name, values in part.items():
                 out[name][at] = values

@@ -99,12 +99,15 @@ class Layout:
 
 
 class Block:
-    """One shared-memory block of the parent's pool: id, descriptor, mapping, size in bytes."""
+    """One block of a pool: id, descriptor (-1 for a private block), mapping, size in bytes."""
 
     __slots__ = ("id", "fd", "mm", "size")
 
-    def __init__(self, size: int):
+    def __init__(self, size: int, shared: bool = True):
         self.id, self.size = next(_ids), size
+        if not shared:  # the process's own memory: a prefetch thread's batches
+            self.fd, self.mm = -1, mmap.mmap(-1, size)
+            return
         try:
             self.fd = _anonymous_file(size)
         except OSError as e:
@@ -117,15 +120,20 @@ class Block:
 
     def forget(self) -> None:
         """Drop the pool's hold: the descriptor closes, the mapping stays while arrays use it."""
-        os.close(self.fd)
+        if self.fd >= 0:
+            os.close(self.fd)
         self.fd, self.mm = -1, None
 
 
 class Pool:
-    """One worker's blocks, as the parent sees them: at most ``keep``; ``take`` one for a task, ``done`` after."""
+    """One worker's blocks, as the parent sees them: at most ``keep``; ``take`` one for a task, ``done`` after.
 
-    def __init__(self, keep: int):
-        self.keep = max(1, keep)
+    ``shared=False``: blocks of this process's own memory, for batches collated in this process (a
+    prefetch thread's): reused the same way, so their pages stay mapped too.
+    """
+
+    def __init__(self, keep: int, shared: bool = True):
+        self.keep, self.shared = max(1, keep), shared
         self.blocks: list[Block] = []
         self.busy: set = set()  # ids of blocks a task in flight writes into
         self.retired: list[int] = []  # ids the worker should unmap, told with its next task
@@ -146,19 +154,24 @@ class Pool:
             held = [b for b in self.blocks if b.id not in self.busy]
             if held:
                 self._retire(held[0])
-        block = Block(-(-size // mmap.PAGESIZE) * mmap.PAGESIZE)
+        block = Block(-(-size // mmap.PAGESIZE) * mmap.PAGESIZE, self.shared)
         self.blocks.append(block)
         self.busy.add(block.id)
         return block, True
 
     def _retire(self, block: Block) -> None:
         self.blocks.remove(block)
-        self.retired.append(block.id)
+        if self.shared:
+            self.retired.append(block.id)
         block.forget()
 
     def done(self, block: Block) -> None:
         """The task writing into ``block`` has answered (or was dropped)."""
         self.busy.discard(block.id)
+
+    def allocator(self, block: Block, layout: Layout):
+        """``alloc(name, size)`` for :class:`portable_loader.collate.collating_into`: the field's place in ``block``."""
+        return _allocator(block.mm, layout)
 
     def arrays(self, block: Block, layout: Layout) -> dict[str, np.ndarray]:
         """The batch in ``block``: one array per field over the parent's mapping, no copy."""
@@ -169,6 +182,20 @@ class Pool:
         for block in self.blocks:
             block.forget()
         self.blocks, self.busy = [], set()
+
+
+def _allocator(mm: mmap.mmap, layout: Layout):
+    where = {name: (dtype, at) for name, dtype, at in layout.fields}
+    given: set = set()
+
+    def alloc(name: str, size: int) -> np.ndarray:
+        dtype, at = where[name]
+        if name in given:  # a collate that builds parts and joins them: only one of them may live in the block
+            return np.empty(size, dtype)
+        given.add(name)
+        return np.ndarray((size,), dtype, buffer=mm, offset=at)
+
+    return alloc
 
 
 class WorkerBlocks:
@@ -197,13 +224,7 @@ class WorkerBlocks:
 
     def allocator(self, block: int, layout: Layout):
         """``alloc(name, size)`` for :class:`portable_loader.collate.collating_into`: the field's place in ``block``."""
-        mm, where = self.maps[block], {name: (dtype, at) for name, dtype, at in layout.fields}
-
-        def alloc(name: str, size: int) -> np.ndarray:
-            dtype, at = where[name]
-            return np.ndarray((size,), dtype, buffer=mm, offset=at)
-
-        return alloc
+        return _allocator(self.maps[block], layout)
 
     def placed(self, block: int, layout: Layout, batch: dict) -> bool:
         """Put ``batch`` where ``layout`` says (copying what was not collated in place); False if it does not fit."""

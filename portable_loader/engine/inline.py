@@ -26,10 +26,13 @@ from __future__ import annotations
 import numpy as np
 
 from portable_loader.cache.readers import spans_of
-from portable_loader.collate import FIELDS, check_token_records, collate, collate_spans
+from portable_loader.collate import FIELD_DTYPES, FIELDS, check_token_records, collate, collate_spans, collating_into
+from portable_loader.engine.blocks import Layout, Pool
 from portable_loader.step_plans import Cursor, StepPlans
 
 __all__ = ["InlineEngine", "build_batch"]
+
+_SPARE_BLOCKS = 2  # the batch the caller holds, and one more
 
 
 def _records_of(rows) -> list[int]:
@@ -74,8 +77,12 @@ class InlineEngine:
         ((8, 128), Cursor(step=1, window=0, row=0, samples=8))
     """
 
-    def __init__(self, spec, source, plans: StepPlans):
+    def __init__(self, spec, source, plans: StepPlans, keep: int = 0):
         self.spec, self.source, self.plans = spec, source, plans
+        # Batches are collated into blocks of this process's memory, reused once nothing refers to
+        # them (engine/blocks.py): a fresh allocation a batch cost a page fault every 4 KiB of it.
+        # ``keep``: batches alive besides the one the caller holds (a prefetch thread's queue).
+        self._pool = Pool(keep + _SPARE_BLOCKS, shared=False) if all(f in FIELD_DTYPES for f in spec.fields) else None
         self._spans, self._trim = source.spans, source.read_ahead
         self._ahead: tuple | None = None  # (Spans, record -> entry) of the records read ahead
         self._window: int | None = None  # packing: the window whose records _ahead holds
@@ -86,14 +93,26 @@ class InlineEngine:
         if planned is None:
             raise StopIteration
         rows, cursor = planned
+        pool = self._pool
+        if pool is None:
+            return self._build(rows, before, cursor), cursor
+        layout = Layout.of(len(rows), self.spec.seq_len, self.spec.fields)
+        block, _ = pool.take(layout.size)
+        try:
+            with collating_into(pool.allocator(block, layout)):
+                return self._build(rows, before, cursor), cursor
+        finally:
+            pool.done(block)
+
+    def _build(self, rows, before: Cursor, cursor: Cursor) -> dict:
         spec = self.spec
         if self._spans is None:
-            return build_batch(self.source, rows, spec.seq_len, spec.pad_id, spec.fields), cursor
+            return build_batch(self.source, rows, spec.seq_len, spec.pad_id, spec.fields)
         if spec.packing and self._trim is None:
-            return self._packed(rows, before.window, cursor), cursor
+            return self._packed(rows, before.window, cursor)
         if self._ahead is not None:
             try:
-                return collate_spans(rows, *self._ahead, spec.seq_len, spec.pad_id, spec.fields), cursor
+                return collate_spans(rows, *self._ahead, spec.seq_len, spec.pad_id, spec.fields)
             except KeyError:  # a record not read ahead: this step opens the next chunk (or window)
                 pass
         now = np.asarray(_records_of(rows), dtype=np.int64)
@@ -103,7 +122,7 @@ class InlineEngine:
         wanted = np.concatenate([now, ahead])
         self._ahead = None  # let the old buffers go before the new ones are read
         self._ahead = _keyed(wanted, self._spans(wanted))
-        return collate_spans(rows, *self._ahead, spec.seq_len, spec.pad_id, spec.fields), cursor
+        return collate_spans(rows, *self._ahead, spec.seq_len, spec.pad_id, spec.fields)
 
     def _packed(self, rows, first: int, after: Cursor) -> dict:
         """A packed step's batch, from the window read ahead when the step lies in it.
@@ -140,6 +159,8 @@ class InlineEngine:
 
     def close(self) -> None:
         self._ahead = self._window = None
+        if self._pool is not None:
+            self._pool.close()
 
 
 def _picked(records: list[int], *aheads: tuple) -> tuple:

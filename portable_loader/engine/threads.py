@@ -141,4 +141,7 @@ class Producer:
 
 def thread_engine(spec, source, plans: StepPlans) -> Producer:
     """One background thread runs the inline engine up to ``spec.prefetch`` steps ahead."""
-    return Producer(InlineEngine(spec, source, plans).next, spec.prefetch, "portable_loader-prefetch")
+    # Batches alive besides the caller's: those queued, the one being built, and the one the
+    # thread waits to queue.
+    engine = InlineEngine(spec, source, plans, keep=spec.prefetch + 2)
+    return Producer(engine.next, spec.prefetch, "portable_loader-prefetch")
