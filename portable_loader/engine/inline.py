@@ -77,11 +77,13 @@ class InlineEngine:
         ((8, 128), Cursor(step=1, window=0, row=0, samples=8))
     """
 
-    def __init__(self, spec, source, plans: StepPlans, keep: int = 0):
+    def __init__(self, spec, source, plans: StepPlans, keep: int = 2):
         self.spec, self.source, self.plans = spec, source, plans
         # Batches are collated into blocks of this process's memory, reused once nothing refers to
         # them (engine/blocks.py): a fresh allocation a batch cost a page fault every 4 KiB of it.
-        # ``keep``: batches alive besides the one the caller holds (a prefetch thread's queue).
+        # ``keep``: batches that may be alive besides the one being built and the caller's (a
+        # prefetch thread's queue, an adapter's converted batch waiting in its own); a block is
+        # made only when every other one is in use.
         self._pool = Pool(keep + _SPARE_BLOCKS, shared=False) if all(f in FIELD_DTYPES for f in spec.fields) else None
         self._spans, self._trim = source.spans, source.read_ahead
         self._ahead: tuple | None = None  # (Spans, record -> entry) of the records read ahead
