@@ -76,11 +76,13 @@ class collating_into:
         _local.into = self._before
 
 
-def new_fields(n: int, seq_len: int, pad_id: int, fields: Sequence[str], flat: bool = False) -> dict[str, np.ndarray]:
+def new_fields(n: int, seq_len: int, pad_id: int, fields: Sequence[str], flat: bool = False,
+               fill: bool = True) -> dict[str, np.ndarray]:
     """The empty arrays of a batch: ``input_ids`` filled with ``pad_id``, the other fields with 0.
 
     Shaped ``[n, seq_len]``, or ``[n * seq_len]`` with ``flat=True``. Inside :class:`collating_into`
-    the memory comes from its allocator.
+    the memory comes from its allocator. ``fill=False``: left as they are, for a caller that writes
+    every element (reused memory would otherwise be filled twice).
 
     Example:
         >>> new_fields(1, 3, 9, ("input_ids", "loss_mask"))["input_ids"].tolist()
@@ -89,6 +91,8 @@ def new_fields(n: int, seq_len: int, pad_id: int, fields: Sequence[str], flat: b
     shape = (n * seq_len,) if flat else (n, seq_len)
     into = getattr(_local, "into", None)
     if into is None:
+        if not fill:
+            return {name: np.empty(shape, FIELD_DTYPES[name]) for name in fields}
         out = {"input_ids": np.full(shape, pad_id, dtype=np.int32) if pad_id else np.zeros(shape, np.int32)}
         for name in fields[1:]:
             out[name] = np.zeros(shape, dtype=FIELD_DTYPES[name])
@@ -96,7 +100,8 @@ def new_fields(n: int, seq_len: int, pad_id: int, fields: Sequence[str], flat: b
     out = {}
     for name in fields:
         values = into(name, n * seq_len).reshape(shape)
-        values.fill(pad_id if name == "input_ids" else 0)
+        if fill:
+            values.fill(pad_id if name == "input_ids" else 0)
         out[name] = values
     return out
 

@@ -182,21 +182,27 @@ class ConcatWindows(Dataset):
             raise ValueError(f"these windows hold {self.seq_len} tokens, not seq_len={seq_len}")
         fields = fields if fields in _CHECKED else check_fields(fields)
         n, L = len(rows), self.seq_len
-        out = new_fields(n, L, pad_id, fields)
+        full = [r for r, row in enumerate(rows) if row]
+        # Every element of a batch of full rows is written below: only padding rows need the fill.
+        out = new_fields(n, L, pad_id, fields, fill=len(full) < n)
         ids = out["input_ids"]
         lm, att = out.get("loss_mask"), out.get("attention_mask")
         cut = "segment_ids" in out or "positions" in out
         eos = self.stream.eos if cut else None
-        full = [r for r, row in enumerate(rows) if row]
         got, masks, found = self.stream.windows([rows[r][0][0] * L for r in full], L, eos is None)
         starts: list = [None] * n
-        masked = False
+        masked, unmasked = False, []
         for r, tokens, mask, at in zip(full, got, masks, found):
             ids[r] = tokens
-            if mask is not None and lm is not None:
-                lm[r] = mask
-                masked = True
+            if lm is not None:
+                if mask is not None:
+                    lm[r] = mask
+                    masked = True
+                else:
+                    unmasked.append(r)
             starts[r] = at
+        if masked and unmasked:  # windows of a stream without masks, beside masked ones: none of their tokens count
+            lm[unmasked] = 0
         for name, values in (("attention_mask", att), ("loss_mask", None if masked else lm)):
             if values is not None:  # one fill for the batch
                 if len(full) == n:
