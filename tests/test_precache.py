@@ -414,3 +414,33 @@ def test_the_first_bad_row_in_input_order_is_reported_whatever_worker_fails_firs
     p.write_text("\n".join(rows + ['{"text": 1}', '{"text": 2}'] + rows) + "\n")
     with pytest.raises(BadRowError, match=r"bad.jsonl: line 8000: "):
         build_cache(str(p), tokenizer=need(GPT2), format="text", out=str(tmp_path / "c"), num_workers=2)
+
+
+JAX_PRECACHE = """
+import multiprocessing, warnings
+warnings.simplefilter("error")               # a fork warning would fail the job
+import jax.numpy as jnp
+import portable_loader as pl
+from portable_loader.precache import sample_args
+jnp.arange(10.0).sum()                       # JAX's backend and its threads are running
+methods = []
+context = multiprocessing.get_context
+multiprocessing.get_context = lambda method=None: methods.append(method) or context(method)
+print(pl.precache(**sample_args(), out="cache", num_workers=2, rows_per_task=500), methods)
+"""
+
+
+def test_precache_in_a_jax_process_does_not_fork(tmp_path):
+    pytest.importorskip("jax")
+    job = tmp_path / "job.py"
+    job.write_text(JAX_PRECACHE)  # no main guard: the workers must not run the script again
+    r = subprocess.run([sys.executable, str(job)], cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    path, methods = r.stdout.split(" ", 1)
+    assert methods.strip() == "['forkserver']"
+    assert "fork" not in r.stderr.replace("forkserver", "")
+    from portable_loader.precache import sample_args
+
+    here = pl.precache(**sample_args(), out=str(tmp_path / "here"), num_workers=2, rows_per_task=500)
+    assert os.path.basename(here) == os.path.basename(path)
+    assert shard_digests(here) == shard_digests(str(tmp_path / path))

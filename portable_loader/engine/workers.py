@@ -45,7 +45,7 @@ import weakref
 from portable_loader.engine.channel import Channel, pair
 from portable_loader.errors import WorkerError
 
-__all__ = ["context", "end", "fork_hazard", "launch", "load", "receive", "worker_setup", "worker_tasks"]
+__all__ = ["context", "end", "fork_hazard", "launch", "load", "receive", "without_main", "worker_setup", "worker_tasks"]
 
 _POLL_S = 0.2
 _JOIN_S = 2.0  # per stage of a worker's end: after its channel closes, then after SIGTERM
@@ -174,12 +174,17 @@ def load(value):
 
 
 @contextlib.contextmanager
-def _without_main():
+def without_main():
     """Start a forkserver/spawn child without importing the training script in it.
 
     multiprocessing re-imports ``__main__`` in such a child so that objects pickled by reference
     from it resolve; ours travel by value (cloudpickle), and a re-import would run an unguarded
     script's training loop again.
+
+    Example:
+        >>> with without_main():     # what a child started now is told to import first
+        ...     sorted(k for k in multiprocessing.spawn.get_preparation_data("child") if "main" in k)
+        []
     """
     spawn = multiprocessing.spawn
     original = spawn.get_preparation_data
@@ -212,7 +217,7 @@ def launch(ctx, method: str, target, args: tuple, name: str):
     proc = ctx.Process(target=_bootstrap, args=(target, theirs, os.getpid(), method == "fork" and from_main, env, *args),
                        name=name, daemon=True)
     try:
-        with _launching, (_without_main() if method != "fork" else contextlib.nullcontext()):
+        with _launching, (without_main() if method != "fork" else contextlib.nullcontext()):
             _parent_ends.add(ours)
             proc.start()
     except BaseException:

@@ -34,6 +34,7 @@ import uuid
 from collections import Counter
 
 from portable_loader.cache.writer import ShardWriter, record_digest
+from portable_loader.engine.workers import fork_hazard, without_main
 from portable_loader.precache.plan import cpu_count
 from portable_loader.record_options import RecordOptions
 
@@ -177,11 +178,18 @@ def _raise_first_error(pending: list) -> None:
 
 
 def _start_method() -> str:
-    """fork, unless this process holds a Ray connection: its gRPC threads' locks, copied mid-use into
-    a forked child, hang it. Then forkserver (a clean process that forks the workers)."""
+    """fork where the loader's workers would fork (``engine/workers.py``: no other thread, JAX's
+    backend not running, CUDA not initialized, no native thread started since import) and this
+    process holds no Ray connection (its gRPC threads' locks, copied mid-use into a forked child,
+    hang it); else forkserver (a clean process that forks the workers). The tokenizer's own
+    threads in this process count too: a tokenizer that already ran here makes forkserver."""
     methods = mp.get_all_start_methods()
+    forced = os.environ.get("PORTABLE_LOADER_START_METHOD")
+    if forced in methods:
+        return forced
     ray = sys.modules.get("ray")
-    if "fork" in methods and not (ray is not None and getattr(ray, "is_initialized", lambda: False)()):
+    ray_on = ray is not None and getattr(ray, "is_initialized", lambda: False)()
+    if "fork" in methods and not ray_on and fork_hazard() is None:
         return "fork"
     return "forkserver" if "forkserver" in methods else "spawn"
 
@@ -196,7 +204,8 @@ def run_tasks(tasks: list, common: dict, num_workers: int | None, show_progress:
     """
     from tqdm import tqdm
 
-    ctx = mp.get_context(_start_method())
+    method = _start_method()
+    ctx = mp.get_context(method)
     global _progress, _common
     workers = max(1, min(cpu_count() if num_workers is None else num_workers, len(tasks)))
     progress = _progress = ctx.Array("q", len(tasks), lock=False)
@@ -209,7 +218,9 @@ def run_tasks(tasks: list, common: dict, num_workers: int | None, show_progress:
                 results.append(_worker(t, i))
                 bar.update(sum(progress) - bar.n)
         else:
-            with ctx.Pool(workers, initializer=_init_worker, initargs=(progress, common)) as pool:
+            # (A pool starts workers for as long as it runs: none of them may import the calling script.)
+            with without_main() if method != "fork" else contextlib.nullcontext(), \
+                    ctx.Pool(workers, initializer=_init_worker, initargs=(progress, common)) as pool:
                 pending = [pool.apply_async(_worker, (t, i)) for i, t in enumerate(tasks)]
                 while not all(p.ready() for p in pending):
                     _raise_first_error(pending)
