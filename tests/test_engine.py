@@ -95,7 +95,10 @@ def test_a_loop_with_no_step_leaves_the_thread_asleep(depth, monkeypatch):
     p = Producer(produce, depth=depth)
     try:
         p.next()  # the first call comes after the set-up, so it counts as a step
-        time.sleep(0.01)  # the thread fills up and sleeps
+        deadline = time.monotonic() + 10
+        while len(p._ready) < depth and time.monotonic() < deadline:  # the thread fills up (slowly on a loaded machine)
+            time.sleep(0.005)
+        time.sleep(0.01)  # and sleeps
         before = p._space.waits
         tight = [p.next() for _ in range(400)]  # 80 ms or more
         woke = p._space.waits - before
