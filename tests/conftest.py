@@ -119,3 +119,19 @@ def loader_processes(pid: int | None = None) -> list:
             continue
         out.append(p)
     return out
+
+
+def steps(loader, n, state=None):
+    """Up to ``n`` batches of a fresh iterator of ``loader`` (restored to ``state`` first), its state
+    after them and its stats."""
+    it = iter(loader)
+    if state is not None:
+        it.set_state(state)
+    with it:
+        out = []
+        for _ in range(n):
+            try:
+                out.append(next(it))
+            except StopIteration:
+                break
+        return out, it.get_state(), it.stats

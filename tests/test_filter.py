@@ -14,6 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import portable_loader as pl
+from conftest import steps
 from portable_loader.errors import FilterError, StateError
 
 
@@ -29,20 +30,6 @@ def ident(r):
 def keep(mod, allowed):
     """A predicate on a record's identity: pure, and fingerprinted by the values it closes over."""
     return lambda r: int(r["input_ids"][0]) % mod in allowed
-
-
-def steps(loader, n, state=None):
-    it = iter(loader)
-    if state is not None:
-        it.set_state(state)
-    with it:
-        out = []
-        for _ in range(n):
-            try:
-                out.append(next(it))
-            except StopIteration:
-                break
-        return out, it.get_state(), it.stats
 
 
 def same(xs, ys):

@@ -6,6 +6,7 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 import portable_loader as pl
+from conftest import steps
 from portable_loader import plan
 
 
@@ -14,16 +15,8 @@ def docs_of(lengths):
 
 
 def batches(loader, n, state=None):
-    with iter(loader) as it:
-        if state is not None:
-            it.set_state(state)
-        out = []
-        for _ in range(n):
-            try:
-                out.append(next(it))
-            except StopIteration:
-                break
-        return out, it.get_state()
+    got, state, _ = steps(loader, n, state)
+    return got, state
 
 
 def same(a, b):
