@@ -21,7 +21,7 @@ Example (needs a CUDA GPU):
     >>> from portable_loader.precache import sample_args
     >>> loader = pl.DataLoader(pl.open_cache(pl.precache(**sample_args(), out="cache")), global_batch_size=8, seq_len=128)
     >>> blocks, flight = HostBlocks(), InFlight()
-    >>> with iter(loader) as it:                                # doctest: +SKIP
+    >>> with iter(loader) as it:                        # needs a CUDA GPU  # doctest: +SKIP
     ...     batch = next(it)
     ...     host = {k: blocks.pinned(v) for k, v in batch.items()}   # page-locked views, no copy
     ...     on_gpu = {k: t.to("cuda", non_blocking=True) for k, t in host.items()}
