@@ -325,3 +325,24 @@ def test_pretokenized_files_by_url_serve_the_local_files_batches(s3, tmp_path):
     fs.put_file(str(tmp_path / "m.idx"), "bkt/pt/short.idx")
     with pytest.raises(ValueError, match="short.bin.*does not match"):
         pl.pretokenized("s3://bkt/pt/short")
+
+
+LATE_CREDENTIALS = """
+import multiprocessing.forkserver, os, sys
+multiprocessing.forkserver.ensure_running()   # started before the credentials exist, as in a long-lived process
+os.environ.update({k[len("LATE_"):]: v for k, v in os.environ.items() if k.startswith("LATE_")})
+from portable_loader.precache import build_cache
+url, summary = build_cache(sys.argv[1], tokenizer=sys.argv[2], format="chat", out=sys.argv[3], max_length=128,
+                           num_workers=2, rows_per_task=100)
+print(summary["rows_out"])
+"""
+
+
+def test_forkserver_precache_workers_see_the_callers_environment_as_it_is_now(s3, tmp_path):
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("AWS_", "FSSPEC_"))}
+    env.update({"LATE_" + k: v for k, v in os.environ.items() if k.startswith(("AWS_", "FSSPEC_"))})
+    env["PORTABLE_LOADER_START_METHOD"] = "forkserver"
+    r = subprocess.run([sys.executable, "-c", LATE_CREDENTIALS, "s3://bkt/in/chat.jsonl", TOK, str(tmp_path / "out")],
+                       capture_output=True, text=True, env=env, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert int(r.stdout.split()[-1]) > 0

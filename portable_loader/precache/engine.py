@@ -155,9 +155,12 @@ def _worker(task, slot: int) -> dict:
     return tokenize_task(task, c["table"], 0, c["record"], c["backend"], c["tokenizer_files"], c["tmp"], progress)
 
 
-def _init_worker(progress, common) -> None:
+def _init_worker(progress, common, env) -> None:
     global _progress, _common
     _progress, _common = progress, common
+    if env is not None:  # a forkserver child has the server's environment, as it was when the server started
+        os.environ.clear()
+        os.environ.update(env)
     # Ctrl-C is the parent's to handle: it stops the workers and removes the temp directory.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     # One worker per core: the tokenizer's own thread pool would only oversubscribe.
@@ -220,7 +223,8 @@ def run_tasks(tasks: list, common: dict, num_workers: int | None, show_progress:
         else:
             # (A pool starts workers for as long as it runs: none of them may import the calling script.)
             with without_main() if method != "fork" else contextlib.nullcontext(), \
-                    ctx.Pool(workers, initializer=_init_worker, initargs=(progress, common)) as pool:
+                    ctx.Pool(workers, initializer=_init_worker,
+                             initargs=(progress, common, None if method == "fork" else dict(os.environ))) as pool:
                 pending = [pool.apply_async(_worker, (t, i)) for i, t in enumerate(tasks)]
                 while not all(p.ready() for p in pending):
                     _raise_first_error(pending)
