@@ -34,15 +34,21 @@ def visible_caches(out):
     return [e for e in os.listdir(out) if not e.startswith(".")] if os.path.isdir(out) else []
 
 
-def test_sigkill_at_20_random_moments(tmp_path):
+def test_sigkill_at_10_random_moments_one_in_each_tenth_of_the_run(tmp_path):
     out = tmp_path / "c"
     t = time.perf_counter()
     ref = subprocess.run(cli(*gsm_args(tmp_path / "ref")), capture_output=True, text=True, check=True)
     duration = time.perf_counter() - t
     ref_sum = pl.open_cache(ref.stdout.strip().splitlines()[-1]).manifest["content_checksum"]
     rng = np.random.default_rng(7)
-    # Moments spread over the whole run: start-up, tokenization, shard writing and publishing.
-    for delay in rng.uniform(0.05, 1.05 * duration, size=20):
+    # Moments spread over the whole run: start-up, tokenization, shard writing and publishing. One
+    # at random in each tenth of the run, from 0.05 s on (it was 20 anywhere in it, twice the runs):
+    # every phase longer than a tenth of the run is hit for sure, where 20 draws missed such a phase
+    # once in 8 runs (0.9 ** 20).
+    # The shard-writing phase (a .tmp- directory exists) is ~70% of a run: a build in place of the
+    # temp directory (visible before it is complete) fails at the first kill in it.
+    tenth = duration / 10
+    for delay in 0.05 + tenth * (np.arange(10) + rng.uniform(size=10)):
         p = subprocess.Popen(cli(*gsm_args(out)), stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
         time.sleep(delay)
         os.killpg(p.pid, signal.SIGKILL)
@@ -141,16 +147,21 @@ def test_ctrl_c_during_loading(tmp_path):
         assert_no_new_shm(shm_before, {str(p.pid), *(str(k.pid) for k in kids)}, set(), tag)
 
 
-def test_training_killed_10_times_resumes_the_exact_stream(tmp_path):
+def test_training_killed_5_times_resumes_the_exact_stream(tmp_path):
     script = str(ROOT / "scripts" / "train_torch.py")
     common = ["--cache-dir", str(tmp_path / "cache"), "--seq-len", "64", "--steps", "60", "--ckpt-every", "5"]
     full = subprocess.run([sys.executable, script, *common], capture_output=True, text=True, cwd=tmp_path, check=True)
     want = {r["step"]: r for r in map(json.loads, full.stdout.splitlines()) if r}
     log, ckpt = tmp_path / "log.jsonl", tmp_path / "ck.pt"
     args = [sys.executable, script, *common, "--ckpt", str(ckpt), "--log", str(log)]
-    rng = np.random.default_rng(3)
+    # Five kills (each run costs a Python and torch start-up of seconds; it was ten): with this seed the
+    # steps k are 8, 2, 8, 6, 4, so the kills land both before a run's first checkpoint (it repeats the
+    # steps since the last one) and after it, and runs resume three times in a row from checkpoints that
+    # resumed runs wrote (starts 1, 6, 6, 11, 16 where each kill lands at once; asserted below); ten kills (seed 3) covered
+    # the same cases, with more repeats of the first.
+    rng = np.random.default_rng(32)
     starts = []
-    for _ in range(10):
+    for _ in range(5):
         before = len(log.read_text().splitlines()) if log.exists() else 0
         p = subprocess.Popen(args + (["--resume"] if ckpt.exists() else []), stdout=subprocess.DEVNULL,
                              stderr=subprocess.PIPE, text=True)
@@ -177,4 +188,5 @@ def test_training_killed_10_times_resumes_the_exact_stream(tmp_path):
     assert got == want  # the consumed stream and the losses equal the uninterrupted run's
     # Each run starts right after a checkpoint: only steps since the last checkpoint are repeated.
     assert all((s - 1) % 5 == 0 for s in starts)
-    assert len(starts) == 10, "every kill should land while training"
+    assert len(starts) == 5, "every kill should land while training"
+    assert len(set(starts)) >= 4, starts  # resumed from checkpoints that resumed runs wrote

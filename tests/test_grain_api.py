@@ -29,6 +29,7 @@ from conftest import canon, take
 from portable_loader import grain as pg
 from portable_loader.errors import StateError
 from portable_loader.grain._unsupported import NotSupportedError
+from worker_fns import Jitter, NotMod3, PlusIndex, Square, TagIndex
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 IDIOMS_SCRIPT = ROOT / "tests" / "grain_idioms.py"
@@ -36,30 +37,8 @@ IDIOM_NAMES = re.findall(r"^@idiom\ndef (\w+)", IDIOMS_SCRIPT.read_text(), re.M)
 
 # --- helpers -------------------------------------------------------------------------------------
 
-
-class Square(pg.transforms.Map):
-    def map(self, x):
-        return x * x % 10007
-
-
-class NotMod3(pg.transforms.Filter):
-    def filter(self, x):
-        return int(np.sum(x)) % 3 != 0
-
-
-class Jitter(pg.transforms.RandomMap):
-    def random_map(self, x, rng):
-        return x + int(rng.integers(1000))
-
-
-class PlusIndex(pg.transforms.MapWithIndex):
-    def map_with_index(self, index, x):
-        return x + 7 * index
-
-
-class TagIndex(pg.transforms.MapWithIndex):
-    def map_with_index(self, index, x):
-        return (index, x)
+# The transforms (Square, NotMod3, Jitter, PlusIndex, TagIndex) live in worker_fns: a worker started by
+# forkserver imports their module, and importing this one (hypothesis, pytest) cost most of a second per worker.
 
 
 def loader(n=30, ops=(), workers=0, shard=(0, 1), shuffle=True, epochs=None, seed=5, drop=False, source=None):

@@ -27,6 +27,7 @@ import pytest
 from hypothesis import HealthCheck, assume, given, settings, strategies as st
 
 from conftest import canon, loader_processes, take
+from worker_fns import affine, fail_at_13, flaky_in_workers, jitter, not_mod, plus_index, write_marker
 from portable_loader.dataset import Dataset, source
 from portable_loader.dataset import iter_iterator as iterator_mod
 from portable_loader.dataset import mp_prefetch as mp_mod
@@ -72,24 +73,9 @@ def small_chunks(monkeypatch):
     monkeypatch.setattr(iterator_mod, "InlineExec", functools.partial(iterator_mod.InlineExec, chunk=5))
 
 
-# Pipeline steps as plain functions (a worker is forked, so these need not pickle; they must be
-# the same objects for Grain and for us).
-
-
-def affine(a, x):
-    return x * 3 + a
-
-
-def not_mod(m, r, x):
-    return int(np.sum(x)) % m != r
-
-
-def jitter(x, rng):
-    return x + rng.integers(0, 1000)
-
-
-def plus_index(i, x):
-    return x + 7 * i
+# Pipeline steps as plain functions (the same objects for Grain and for us) live in worker_fns, imported
+# at the top: a worker started by forkserver imports the module of each one, and importing this one
+# (real Grain, JAX, hypothesis) cost seconds per worker.
 
 
 def apply_steps(ds, steps):
@@ -377,12 +363,6 @@ def test_foreign_edited_and_malformed_states_are_refused():
 # --- workers: errors, init, lifetime -------------------------------------------------------------------
 
 
-def fail_at_13(x):
-    if x == 13:
-        raise KeyError(f"bad element {x}")
-    return x * 2
-
-
 @pytest.mark.parametrize("n", [0, 2])
 def test_an_error_surfaces_at_its_element_after_every_earlier_one(small_chunks, n):
     ds = to_iter_dataset(range(30)).filter(lambda x: x % 4 != 2).map(fail_at_13).map_with_index(plus_index)
@@ -394,11 +374,6 @@ def test_an_error_surfaces_at_its_element_after_every_earlier_one(small_chunks, 
         state = it.get_state()
     assert got == [plus_index(i, 2 * x) for i, x in enumerate(x for x in range(13) if x % 4 != 2)]
     assert int(state["cursor"]["0.source.position"]) == 13         # the failing element is next
-
-
-def write_marker(folder, index, count):
-    with open(os.path.join(folder, f"{index}-of-{count}"), "w"):
-        pass
 
 
 def test_worker_init_fn_runs_in_each_worker(tmp_path):
@@ -448,20 +423,8 @@ def test_closed_iterator_refuses_to_continue():
     assert isinstance(iter(to_iter_dataset(range(3))), DatasetIterator)
 
 
-_MAIN_PID = os.getpid()
-_FAILED_ONCE: list = []
-
-
-def flaky_in_workers(x):
-    """Fails once in each worker process (a transient read error), never in this one."""
-    if os.getpid() != _MAIN_PID and not _FAILED_ONCE:
-        _FAILED_ONCE.append(x)
-        raise OSError("transient")
-    return x + 1
-
-
 def test_a_transient_worker_failure_is_retried_and_changes_nothing(small_chunks):
-    ds = to_iter_dataset(range(80)).filter(lambda x: x % 5 != 0).map(flaky_in_workers).map_with_index(plus_index)
+    ds = to_iter_dataset(range(80)).filter(lambda x: x % 5 != 0).map(functools.partial(flaky_in_workers, os.getpid())).map_with_index(plus_index)
     with iter(ds.mp_prefetch(workers(2))) as it:
         assert list(it) == list(ds)
 
