@@ -12,7 +12,9 @@ size:
   ``"<n>.random_map.count"`` / ``"<n>.map_with_index.count"`` (elements that operation has seen)
   and ``"<n>.mix.index"`` / ``"<n>.mix.stop"`` per mixture, ``<n>`` numbering the pipeline's nodes
   from the sources up;
-- ``check``: a digest of the three, so an edited or damaged state is refused.
+- ``check``: a digest of the three, so an edited or damaged state is refused;
+- where the last step is a ``WindowShuffleIterDataset``, also Grain's ``window_index`` (an int, the
+  windows fully emitted), which Grain code reads: derived from the cursor and checked against it.
 
 Example:
     >>> from portable_loader.dataset.iter_dataset import to_iter_dataset
@@ -174,7 +176,13 @@ class DatasetIterator(Closing):
         fields = self._root.fields()
         cursor = {name: f"{int(fields[name]):0{_WIDTH}d}" for name in self._names}
         return {"version": STATE_VERSION, "pipeline": self._pipeline, "cursor": cursor,
-                "check": _check(self._pipeline, cursor)}
+                "check": _check(self._pipeline, cursor), **self._grain_keys(fields)}
+
+    def _grain_keys(self, fields: dict) -> dict:
+        """Keys of Grain's own state that Grain code reads, where the last step has any (a window
+        shuffle's ``window_index``): derived from the cursor, and checked against it on restore."""
+        keys = getattr(self._root, "grain_keys", None)
+        return {} if keys is None else keys(fields)
 
     def set_state(self, state: dict) -> None:
         """Continue from ``state`` (from ``get_state``, at any worker count); refused unless it is this pipeline's.
@@ -211,6 +219,9 @@ class DatasetIterator(Closing):
             fields[name] = int(value)
         if state["check"] != _check(self._pipeline, {k: cursor[k] for k in self._names}):
             raise StateError("check", "does not match the state's fields: the state was edited or damaged")
+        for key, value in self._grain_keys(fields).items():
+            if key in state and state[key] != value:
+                raise StateError(key, f"{state[key]!r} does not match the cursor ({value!r}): the state was edited")
         self._root.restore(fields, StateError)
 
     def _get_next_index(self) -> int:
