@@ -145,7 +145,6 @@ class DatasetIterator(Closing):
     def __init__(self, dataset: IterDataset):
         self._closed = True  # until built: a failed build leaves nothing to close
         self._dataset = dataset
-        self._pipeline = dataset.fingerprint()
         # Grain code reads the options as ``it._ctx.dataset_options`` and walks ``it._parents``: the
         # whole pipeline runs in this one iterator, so it has the pipeline's options and no parents.
         self._ctx = IteratorContext(pipeline_options(dataset))
@@ -155,6 +154,13 @@ class DatasetIterator(Closing):
         self._closed = False
         close_at_exit(self)
         _register_with_grain()
+
+    @property
+    def _pipeline(self) -> str:
+        # The fingerprint is taken when a state is first taken or given, not by iter(): a source
+        # without its own fingerprint is read for it (up to 1,024 records), and nothing should be
+        # read before the first next() (as in Grain). The dataset keeps it once computed.
+        return self._dataset.fingerprint()
 
     def __iter__(self) -> "DatasetIterator":
         return self

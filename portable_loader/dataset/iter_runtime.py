@@ -168,9 +168,10 @@ class InlineExec:
         self.threads = min(int(threads), self.depth)
         self._pool: futures.ThreadPoolExecutor | None = None
         self._ahead: collections.deque = collections.deque()
-        # Without read-ahead, the chunks after a (re)start grow 1, 2, 4, ... up to ``chunk``: an iterator
-        # read for a few elements computes about as many (Grain computes one at a time), a long read
-        # reaches the batched size after a few chunks.
+        # The chunks after a (re)start grow 1, 2, 4, ... up to ``chunk``: an iterator read for a few
+        # elements computes about as many (Grain computes one at a time), a long read reaches the
+        # batched size after a few chunks; with read-ahead, the first element waits on one read and
+        # the threads share the next ones, and a close right after the start leaves little in flight.
         self._ramp = 1
 
     def bind(self, ds, seg: Segment) -> None:
@@ -185,29 +186,33 @@ class InlineExec:
         while self._ahead:
             self._ahead.popleft()[2].cancel()
 
+    def _next_end(self, a: int) -> int:
+        b = min(a + min(self.chunk, self._ramp), self.n)
+        self._ramp = min(self.chunk, 2 * self._ramp)
+        return b
+
     def _read_ahead(self, a: int):
-        """The read of the chunk at ``a`` (from the pool when it was read ahead), after queueing the next ones."""
+        """The chunk at ``a``: its end and its read (a future from the pool, after queueing the next ones)."""
         if not self.depth:
-            return None
+            return self._next_end(a), None
         if self._pool is None:
             self._pool = futures.ThreadPoolExecutor(self.threads, thread_name_prefix="portable_loader-read")
         if self._ahead and self._ahead[0][0] != a:
             self._cancel()
+            self._ramp = 1
         nxt = self._ahead[-1][1] if self._ahead else a
         while len(self._ahead) < self.depth and nxt < self.n:
-            b = min(nxt + self.chunk, self.n)
+            b = self._next_end(nxt)
             self._ahead.append((nxt, b, self._pool.submit(read_chunk, self.ds, self.seg.allow_nones, nxt, b)))
             nxt = b
-        return self._ahead.popleft()[2]
+        _, b, pending = self._ahead.popleft()
+        return b, pending
 
     def next_chunk(self) -> Chunk | None:
         a = self.next_pos
         if a >= self.n:
             return None
-        size = self.chunk if self.depth else min(self.chunk, self._ramp)
-        self._ramp = min(self.chunk, 2 * self._ramp)
-        b = min(a + size, self.n)
-        pending = self._read_ahead(a)
+        b, pending = self._read_ahead(a)
         try:
             read = pending.result() if pending is not None else None
             pos, elems, ords, running = run_chunk(self.ds, self.seg, a, b, self.running, read)
