@@ -140,6 +140,12 @@ def _flatten(struct: Mapping, prefix: tuple = ()) -> dict:
     return out
 
 
+def _by_key(struct: dict) -> list:
+    """Items in key order: feature names as before (so fingerprints stay), then nested paths."""
+    return sorted(struct.items(), key=lambda kv: (isinstance(kv[0], tuple), kv[0] if isinstance(kv[0], str) else
+                                                  tuple(map(str, kv[0]))))
+
+
 class _PackNode(IterDataset):
     """The immutable step; ``FirstFitPackIterDataset`` and ``BestFitPackIterDataset`` name the strategy."""
 
@@ -174,9 +180,9 @@ class _PackNode(IterDataset):
         self.max_per_bin = None if max_sequences_per_bin is None else int(max_sequences_per_bin)
 
     def _identity(self) -> tuple:
-        return (self._strategy, sorted(self.lengths.items(), key=repr), self.num_bins, self.seed, self.shuffle, self.group_by,
-                self.meta, None if self.align is None else sorted(self.align.items()),
-                None if self.padding is None else sorted((k, repr(v)) for k, v in self.padding.items()),
+        return (self._strategy, _by_key(self.lengths), self.num_bins, self.seed, self.shuffle, self.group_by,
+                self.meta, None if self.align is None else _by_key(self.align),
+                None if self.padding is None else [(k, repr(v)) for k, v in _by_key(self.padding)],
                 self.max_per_bin, self._parent._identity())
 
     def _make_part(self, children: list, n: int) -> "PackIter":

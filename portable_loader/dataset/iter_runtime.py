@@ -36,8 +36,8 @@ from portable_loader.dataset.iter_ops import ElementOp, Segment, apply_one, read
 from portable_loader.errors import FilterError
 from portable_loader.lifecycle import in_finalizer
 
-__all__ = ["BatchIter", "FilterRatioCheck", "InlineExec", "MixIter", "OpIter", "SourceIter", "filter_name", "int_proportions",
-           "mix_choice", "next_index", "set_next_index"]
+__all__ = ["BatchIter", "FilterRatioCheck", "InlineExec", "MixIter", "OpIter", "SourceIter", "filter_name",
+           "int_proportions", "mix_choice", "next_index", "set_next_index"]
 
 # Elements filtered out in a row before an iterator gives up: an endless stream whose filter
 # rejects everything would otherwise never yield (Grain's does not), as pl.DataLoader's planner.

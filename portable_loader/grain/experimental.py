@@ -146,7 +146,7 @@ def get_next_index(ds_iter) -> int:
 
 
 def set_next_index(ds_iter, index: int) -> None:
-    """Grain's ``set_next_index``: ``next(ds_iter)`` returns the element of index ``index`` (see :func:`get_next_index`).
+    """Grain's ``set_next_index``: ``next(ds_iter)`` returns the element of index ``index`` (:func:`get_next_index`).
 
     Example:
         >>> from portable_loader import grain
