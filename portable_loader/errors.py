@@ -83,6 +83,19 @@ class PositionOutOfRange(PortableLoaderError, IndexError):
     """
 
 
+class UnpicklableError(PortableLoaderError, TypeError):
+    """What a loader must send to its worker processes cannot be pickled; the message names the part that fails.
+
+    A ``TypeError`` (pickle's own kind of error for an object it cannot handle) and a ``ValueError``
+    (what Grain raises here, and what ``PortableLoaderError`` is), so code that catches either works.
+
+    Example:
+        >>> raise UnpicklableError("the dataset cannot be sent to the loader's worker processes: a lock")
+        Traceback (most recent call last):
+        portable_loader.errors.UnpicklableError: the dataset cannot be sent to the loader's worker processes: a lock
+    """
+
+
 class WorkerError(RuntimeError):
     """A loader worker (a process or the prefetch thread) failed or died; the message holds the
     worker's own traceback, or how it ended.

@@ -595,3 +595,38 @@ def test_maxtexts_imports_resolve():
         return c.multiprocessing_options.num_workers, c.read_options.prefetch_buffer_size
 
     assert config(grain, pick_performance_config) == config(real, real.experimental.pick_performance_config) == (4, 16)
+
+
+class _NotPicklable(pg.transforms.Map):
+    def __getstate__(self):
+        raise ValueError("I shall not be pickled")
+
+    def map(self, x):
+        return x
+
+
+def test_an_operation_that_cannot_be_pickled_is_grains_value_error_and_names_the_part(monkeypatch):
+    import grain
+    from absl import flags
+
+    from portable_loader.errors import UnpicklableError
+
+    flags.FLAGS.mark_as_parsed()  # Grain's DataLoader reads absl flags when it starts workers
+
+    class Real(grain.transforms.Map):
+        def __getstate__(self):
+            raise ValueError("I shall not be pickled")
+
+        def map(self, x):
+            return x
+
+    def loader(g, op):
+        return g.DataLoader(data_source=list(range(8)), operations=[op], worker_count=2,
+                            sampler=g.samplers.IndexSampler(8, shuffle=False, num_epochs=1, seed=0))
+
+    with pytest.raises(ValueError, match="I shall not be pickled"):
+        list(loader(grain, Real()))
+    monkeypatch.setenv("PORTABLE_LOADER_START_METHOD", "forkserver")  # (a fork sends nothing pickled)
+    with pytest.raises(ValueError, match="I shall not be pickled") as caught:
+        list(loader(pg, _NotPicklable()))
+    assert isinstance(caught.value, (UnpicklableError, TypeError)) and "_NotPicklable" in str(caught.value)

@@ -38,7 +38,7 @@ def test_grains_own_tests_pass_on_ours_where_they_use_public_names(report):
     rows = report["files"]
     assert all(r["real_pass"] > 0 for r in rows.values()), rows  # real Grain ran them all
     # Files whose public-name tests all pass (deliberate differences aside): none may regress.
-    for name in ("map", "flatmap", "mix"):
+    for name in ("map", "flatmap", "mix", "shuffle"):
         row = rows[f"dataset/transformations/{name}_test.py"]
         assert row["compared"] > 0 and row["pass"] == row["compared"], (name, row, report["failed"])
     passed = {t for f in FILES for t in report["passed"].get(f, ())}

@@ -628,3 +628,49 @@ def next_state_at(ds, k):
     for _ in range(k):
         next(it)
     return it.get_state()
+
+
+class _SlowCounting:
+    """16 records, each read sleeping 50 ms and counted (Grain's prefetch_test::test_early_break_continues_prefetching)."""
+
+    def __init__(self):
+        self.count, self.lock = 0, threading.Lock()
+
+    def __len__(self):
+        return 16
+
+    def __getitem__(self, i):
+        time.sleep(0.05)
+        with self.lock:
+            self.count += 1
+        return i
+
+
+def _wait_for(cond, seconds=10.0) -> bool:
+    deadline = time.monotonic() + seconds
+    while not cond() and time.monotonic() < deadline:
+        time.sleep(0.02)
+    return cond()
+
+
+@pytest.mark.parametrize("g", [grain, pg], ids=["grain", "ours"])
+def test_reading_ahead_starts_at_the_first_next_and_goes_on_in_the_background_as_grains(g):
+    src = _SlowCounting()
+    it = iter(g.MapDataset.source(src).to_iter_dataset(g.ReadOptions(num_threads=2)))
+    time.sleep(0.2)
+    assert src.count == 0  # iter() reads nothing (ours takes its fingerprint when a state is first taken)
+    assert next(it) == 0 and src.count >= 1
+    assert _wait_for(lambda: src.count == 16)  # the threads read on while nobody asks
+    assert list(it) == list(range(1, 16))
+    it.close()
+
+
+def test_close_right_after_the_first_element_leaves_little_read_and_nothing_after_it():
+    src = _SlowCounting()
+    it = iter(pg.MapDataset.source(src).to_iter_dataset(pg.ReadOptions(num_threads=2)))
+    next(it)
+    it.close()  # cancels what is queued and waits for the reads in flight
+    after = src.count
+    time.sleep(0.3)
+    # Chunks ramp 1, 2, 4, ... after a start, so two threads hold at most a few records in flight.
+    assert src.count == after < 16

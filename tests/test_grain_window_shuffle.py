@@ -16,6 +16,7 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from portable_loader import grain as pg
+from portable_loader.errors import StateError
 
 SETTINGS = dict(derandomize=True, deadline=None, max_examples=60)
 
@@ -68,3 +69,21 @@ def test_resume_from_any_element(n, window, cut, workers):
 def test_window_size_must_be_positive(bad):
     with pytest.raises(ValueError, match="window_size"):
         pg.experimental.WindowShuffleIterDataset(pg.MapDataset.range(3).to_iter_dataset(), window_size=bad, seed=0)
+
+
+def test_the_state_has_grains_window_index_where_grain_has_it():
+    # Grain's shuffle_test::test_checkpoint_restore_on_fresh_iterator reads state["window_index"].
+    def make(g):
+        return g.experimental.WindowShuffleIterDataset(g.MapDataset.range(100).to_iter_dataset(), window_size=10, seed=42)
+
+    theirs, ours = iter(make(grain)), iter(make(pg))
+    for k in range(60):
+        assert ours.get_state()["window_index"] == theirs.get_state()["window_index"], k
+        next(theirs), next(ours)
+    state = ours.get_state()
+    restored = iter(make(pg))
+    restored.set_state(state)
+    assert restored.get_state() == state
+    with pytest.raises(StateError, match="window_index"):
+        restored.set_state({**state, "window_index": state["window_index"] + 1})
+    assert "window_index" not in iter(make(pg).map(abs)).get_state()  # only at the top, as in Grain

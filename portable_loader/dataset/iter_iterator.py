@@ -12,7 +12,9 @@ size:
   ``"<n>.random_map.count"`` / ``"<n>.map_with_index.count"`` (elements that operation has seen)
   and ``"<n>.mix.index"`` / ``"<n>.mix.stop"`` per mixture, ``<n>`` numbering the pipeline's nodes
   from the sources up;
-- ``check``: a digest of the three, so an edited or damaged state is refused.
+- ``check``: a digest of the three, so an edited or damaged state is refused;
+- where the last step is a ``WindowShuffleIterDataset``, also Grain's ``window_index`` (an int, the
+  windows fully emitted), which Grain code reads: derived from the cursor and checked against it.
 
 Example:
     >>> from portable_loader.dataset.iter_dataset import to_iter_dataset
@@ -27,6 +29,7 @@ from __future__ import annotations
 
 import copy
 import itertools
+import operator
 import sys
 import types
 from collections.abc import Mapping
@@ -35,7 +38,10 @@ from portable_loader.dataset.base import digest
 from portable_loader.dataset.iter_dataset import (IterDataset, _BatchNode, _MixNode, _OpNode, _PrefetchNode, _SeedNode,
                                                   _SourceNode)
 from portable_loader.dataset.iter_ops import Segment
-from portable_loader.dataset.iter_runtime import BatchIter, InlineExec, MixIter, OpIter, SourceIter
+from portable_loader.dataset.iter_options import (DatasetOptions, IteratorContext, WithOptionsIterDataset,
+                                                  pipeline_options)
+from portable_loader.dataset.iter_runtime import (BatchIter, InlineExec, MixIter, OpIter, SourceIter, next_index,
+                                                  set_next_index)
 from portable_loader.errors import StateError
 from portable_loader.lifecycle import Closing, close_at_exit
 
@@ -45,13 +51,16 @@ STATE_VERSION = 1
 _WIDTH = 20  # digits of every integer in a state: 2**64 fits, and the size never depends on the position
 
 
-def _compile(root: IterDataset):
-    """The running parts for ``root``.
+def _compile(root: IterDataset, options: DatasetOptions | None = None):
+    """The running parts for ``root``, with the pipeline's ``options`` (Grain's defaults where None).
 
     Nodes are numbered from the sources up (so adding a step downstream renames no field), skipping
-    ``seed`` and ``mp_prefetch``: field names, like the fingerprint, do not depend on them.
+    ``seed``, ``mp_prefetch`` and ``WithOptionsIterDataset``: field names, like the fingerprint, do
+    not depend on them.
     """
     counter = itertools.count()
+    options = DatasetOptions() if options is None else options
+    ratios = (options.filter_warn_threshold_ratio, options.filter_raise_threshold_ratio)
 
     def seal(part):
         if isinstance(part, SourceIter):
@@ -59,7 +68,7 @@ def _compile(root: IterDataset):
         return part
 
     def build(node, pool):
-        if isinstance(node, _SeedNode):
+        if isinstance(node, (_SeedNode, WithOptionsIterDataset)):
             return build(node._parent, pool)
         if isinstance(node, _PrefetchNode):
             if node.num_workers == 0:
@@ -75,14 +84,15 @@ def _compile(root: IterDataset):
                 executor = PoolExec(pool)
             else:
                 executor = InlineExec(threads=node.threads, buffer=node.buffer)
-            return SourceIter(f"{next(counter)}.source.position", node.ds, Segment(node.allow_nones), executor)
+            return SourceIter(f"{next(counter)}.source.position", node.ds, Segment(node.allow_nones), executor, ratios,
+                              f"to_iter_dataset(filters={', '.join(node.ds.filters)})")
         if isinstance(node, _OpNode):
             child = build(node._parent, pool)
             field, op = f"{next(counter)}.{node.op.kind}.count", copy.copy(node.op)  # its own generator per iterator
             if isinstance(child, SourceIter) and child.open:
                 child.add(field, op)
                 return child
-            return OpIter(field, child, op)
+            return OpIter(field, child, op, ratios)
         if isinstance(node, _BatchNode):
             child = seal(build(node._parent, pool))
             next(counter)
@@ -135,12 +145,22 @@ class DatasetIterator(Closing):
     def __init__(self, dataset: IterDataset):
         self._closed = True  # until built: a failed build leaves nothing to close
         self._dataset = dataset
-        self._pipeline = dataset.fingerprint()
-        self._root = _compile(dataset)
+        # Grain code reads the options as ``it._ctx.dataset_options`` and walks ``it._parents``: the
+        # whole pipeline runs in this one iterator, so it has the pipeline's options and no parents.
+        self._ctx = IteratorContext(pipeline_options(dataset))
+        self._parents = ()
+        self._root = _compile(dataset, self._ctx.dataset_options)
         self._names = self._root.field_names()
         self._closed = False
         close_at_exit(self)
         _register_with_grain()
+
+    @property
+    def _pipeline(self) -> str:
+        # The fingerprint is taken when a state is first taken or given, not by iter(): a source
+        # without its own fingerprint is read for it (up to 1,024 records), and nothing should be
+        # read before the first next() (as in Grain). The dataset keeps it once computed.
+        return self._dataset.fingerprint()
 
     def __iter__(self) -> "DatasetIterator":
         return self
@@ -162,7 +182,13 @@ class DatasetIterator(Closing):
         fields = self._root.fields()
         cursor = {name: f"{int(fields[name]):0{_WIDTH}d}" for name in self._names}
         return {"version": STATE_VERSION, "pipeline": self._pipeline, "cursor": cursor,
-                "check": _check(self._pipeline, cursor)}
+                "check": _check(self._pipeline, cursor), **self._grain_keys(fields)}
+
+    def _grain_keys(self, fields: dict) -> dict:
+        """Keys of Grain's own state that Grain code reads, where the last step has any (a window
+        shuffle's ``window_index``): derived from the cursor, and checked against it on restore."""
+        keys = getattr(self._root, "grain_keys", None)
+        return {} if keys is None else keys(fields)
 
     def set_state(self, state: dict) -> None:
         """Continue from ``state`` (from ``get_state``, at any worker count); refused unless it is this pipeline's.
@@ -199,7 +225,47 @@ class DatasetIterator(Closing):
             fields[name] = int(value)
         if state["check"] != _check(self._pipeline, {k: cursor[k] for k in self._names}):
             raise StateError("check", "does not match the state's fields: the state was edited or damaged")
+        for key, value in self._grain_keys(fields).items():
+            if key in state and state[key] != value:
+                raise StateError(key, f"{state[key]!r} does not match the cursor ({value!r}): the state was edited")
         self._root.restore(fields, StateError)
+
+    def _get_next_index(self) -> int:
+        """Grain's ``grain.experimental.get_next_index(it)``: the index of the element ``next`` returns.
+
+        Defined where it is arithmetic: ``to_iter_dataset`` (the source position), ``map``,
+        ``random_map``, ``map_with_index``, ``batch`` (batches), ``mp_prefetch``; through a filter,
+        a mixture, packing or other stateful steps it is a ``ValueError`` (Grain documents the same
+        for its filters and packing): ``get_state()`` is the position to use there.
+
+        Example:
+            >>> from portable_loader.dataset.iter_dataset import to_iter_dataset
+            >>> it = iter(to_iter_dataset(range(10)).map(lambda x: x * 2).batch(3))
+            >>> it._get_next_index(), next(it).tolist(), it._get_next_index()
+            (0, [0, 2, 4], 1)
+            >>> it._set_next_index(3); next(it).tolist()
+            [18]
+        """
+        if self._closed:
+            raise ValueError("this DatasetIterator is closed")
+        return next_index(self._root)
+
+    def _set_next_index(self, index: int) -> None:
+        """Grain's ``grain.experimental.set_next_index(it, index)``: continue at the element of that index.
+
+        Where ``_get_next_index`` is defined; otherwise the same ``ValueError``. O(1): nothing is read.
+
+        Example:
+            >>> from portable_loader.dataset.iter_dataset import to_iter_dataset
+            >>> it = iter(to_iter_dataset(range(10)).map_with_index(lambda i, x: (i, x)))
+            >>> it._set_next_index(7); next(it)
+            (7, 7)
+        """
+        if self._closed:
+            raise ValueError("this DatasetIterator is closed")
+        if isinstance(index, bool):
+            raise TypeError("set_next_index: index must be an integer, got bool")
+        set_next_index(self._root, operator.index(index))
 
     def start_prefetch(self) -> None:
         """Nothing to start ahead of the first ``next``: workers start then (kept for Grain's API).

@@ -75,6 +75,41 @@ def check_lengths(length_struct, step: str) -> dict:
     return out
 
 
+def flat_lengths(length_struct, step: str) -> dict:
+    """Packing's ``length_struct``, where a feature may be a nested dict of lengths (Grain packs those
+    as meta features): feature name, or a tuple path for a nested leaf, to positive int.
+
+    Example:
+        >>> flat_lengths({"ids": 8, "extra": {"a": 4}}, "pack")
+        {'ids': 8, ('extra', 'a'): 4}
+    """
+    nested = {k: v for k, v in length_struct.items() if isinstance(v, Mapping)} \
+        if isinstance(length_struct, Mapping) else {}
+    out = check_lengths({k: v for k, v in length_struct.items() if k not in nested}, step) if len(nested) < len(
+        length_struct) else {}
+    for k, inner in nested.items():
+        if not inner:
+            raise ValueError(f"{step}: length_struct[{k!r}] must be a positive integer or a non-empty dict of them, "
+                             "got {}")
+        for path, n in flat_lengths(inner, step).items():
+            out[(k, *path) if isinstance(path, tuple) else (k, path)] = n
+    return out
+
+
+def leaf(element: Mapping, key):
+    """The value of ``element`` at a feature name or a tuple path (a nested feature's leaf)."""
+    if not isinstance(key, tuple):
+        return element[key]
+    for part in key:
+        element = element[part]
+    return element
+
+
+def top(key):
+    """The top-level feature of a name or a tuple path."""
+    return key[0] if isinstance(key, tuple) else key
+
+
 def seq_len(x) -> int:
     """A feature's length along its first axis; a scalar counts as one cell, as in Grain."""
     return 1 if np.ndim(x) == 0 else len(x)
@@ -83,6 +118,8 @@ def seq_len(x) -> int:
 def _per_feature(struct, lengths: dict, name: str, check: Callable[[Any], bool], what: str) -> dict | None:
     if struct is None:
         return None
+    if isinstance(struct, Mapping) and any(isinstance(v, Mapping) for v in struct.values()):
+        struct = _flatten(struct)
     if not isinstance(struct, Mapping) or set(struct) != set(lengths):
         raise ValueError(f"pack: {name} must be a dict with the keys of length_struct {sorted(lengths)}, "
                          f"got {struct!r}")
@@ -90,6 +127,23 @@ def _per_feature(struct, lengths: dict, name: str, check: Callable[[Any], bool],
         if not check(v):
             raise ValueError(f"pack: {name}[{k!r}] must be {what}, got {v!r}")
     return dict(struct)
+
+
+def _flatten(struct: Mapping, prefix: tuple = ()) -> dict:
+    out = {}
+    for k, v in struct.items():
+        path = (*prefix, k)
+        if isinstance(v, Mapping):
+            out.update(_flatten(v, path))
+        else:
+            out[path if len(path) > 1 else k] = v
+    return out
+
+
+def _by_key(struct: dict) -> list:
+    """Items in key order: feature names as before (so fingerprints stay), then nested paths."""
+    return sorted(struct.items(), key=lambda kv: (isinstance(kv[0], tuple), kv[0] if isinstance(kv[0], str) else
+                                                  tuple(map(str, kv[0]))))
 
 
 class _PackNode(IterDataset):
@@ -103,7 +157,9 @@ class _PackNode(IterDataset):
                  max_sequences_per_bin: int | None = None):
         name = type(self).__name__
         super().__init__((as_iter_dataset(parent, name),))
-        self.lengths = check_lengths(length_struct, name)
+        if not isinstance(length_struct, Mapping) or not length_struct:
+            check_lengths(length_struct, name)  # its error
+        self.lengths = flat_lengths(length_struct, name)
         if isinstance(num_packing_bins, bool) or not isinstance(num_packing_bins, (int, np.integer)) \
                 or num_packing_bins <= 0:
             raise ValueError(f"{name}: num_packing_bins must be a positive integer, got {num_packing_bins!r}")
@@ -124,9 +180,9 @@ class _PackNode(IterDataset):
         self.max_per_bin = None if max_sequences_per_bin is None else int(max_sequences_per_bin)
 
     def _identity(self) -> tuple:
-        return (self._strategy, sorted(self.lengths.items()), self.num_bins, self.seed, self.shuffle, self.group_by,
-                self.meta, None if self.align is None else sorted(self.align.items()),
-                None if self.padding is None else sorted((k, repr(v)) for k, v in self.padding.items()),
+        return (self._strategy, _by_key(self.lengths), self.num_bins, self.seed, self.shuffle, self.group_by,
+                self.meta, None if self.align is None else _by_key(self.align),
+                None if self.padding is None else [(k, repr(v)) for k, v in _by_key(self.padding)],
                 self.max_per_bin, self._parent._identity())
 
     def _make_part(self, children: list, n: int) -> "PackIter":
@@ -141,7 +197,8 @@ class FirstFitPackIterDataset(_PackNode):
 
     Arguments and elements are Grain 0.2.18's (module docstring): ``length_struct`` maps each
     packed feature to its target length; ``meta_features`` are not given segment ids and positions
-    (those also in ``length_struct`` are packed and padded, the others become a list per bin);
+    (those also in ``length_struct`` are packed and padded, the others become a list per bin; a
+    meta feature may be a dict, its lengths a dict in ``length_struct``: each leaf is packed);
     ``pack_alignment_struct`` rounds where the next element of a feature may start,
     ``padding_struct`` sets the padding values, ``max_sequences_per_bin`` caps the elements per bin.
     An element longer than its target length raises a ValueError, as in Grain: truncate first.
@@ -183,7 +240,10 @@ class _Bins:
         n = spec.num_bins
         self.values, self.seg, self.pos = {}, {}, {}
         for k, cap in spec.lengths.items():
-            x = first[k]
+            if isinstance(k, tuple) and k[0] not in spec.meta:
+                raise ValueError(f"Failed to extract segment ids for {k[0]!r}, which has type <class 'dict'> rather "
+                                 "than np.ndarray. Perhaps it should be marked as a meta feature?")
+            x = leaf(first, k)
             if np.ndim(x) == 0:
                 shape, dtype = (), (np.int64 if isinstance(x, int) else np.asarray(x).dtype)
             elif isinstance(x, np.ndarray):
@@ -193,7 +253,7 @@ class _Bins:
                                  f"got {type(x).__name__}")
             pad = None if spec.padding is None else spec.padding[k]
             self.values[k] = np.zeros((n, cap, *shape), dtype) if pad is None else np.full((n, cap, *shape), pad, dtype)
-            if k not in spec.meta:
+            if top(k) not in spec.meta:
                 self.seg[k] = np.zeros((n, cap), np.int32)
                 self.pos[k] = np.zeros((n, cap), np.int32)
         self.keys = list(spec.lengths)
@@ -201,7 +261,8 @@ class _Bins:
         self.align = [1 if spec.align is None else spec.align[k] for k in self.keys]
         self.used = [[0] * n for _ in self.keys]  # per feature, per bin: the first free cell
         self.count = [0] * n  # elements per bin
-        self.lists = {k: [[] for _ in range(n)] for k in spec.meta if k not in spec.lengths}
+        packed = {top(k) for k in spec.lengths}
+        self.lists = {k: [[] for _ in range(n)] for k in spec.meta if k not in packed}
         self.best = spec._strategy == "best_fit"
         self.max_per_bin = spec.max_per_bin
 
@@ -228,7 +289,7 @@ class _Bins:
         for i, k in enumerate(self.keys):
             start, n = self.used[i][row], lengths[i]
             end = start + n
-            self.values[k][row, start:end] = element[k]
+            self.values[k][row, start:end] = leaf(element, k)
             if k in self.seg:
                 self.seg[k][row, start:end] = segment
                 self.pos[k][row, start:end] = arange[:n]
@@ -243,14 +304,31 @@ class _Bins:
         filled = sum(1 for c in self.count if c)  # the filled bins are always the first ones
         out = []
         for r in range(filled):
-            row = {k: v[r] for k, v in self.values.items()}
+            row: dict = {}
+            for k, v in self.values.items():  # a nested feature's leaves go back into its dicts
+                at = row
+                for part in k[:-1] if isinstance(k, tuple) else ():
+                    at = at.setdefault(part, {})
+                at[k[-1] if isinstance(k, tuple) else k] = v[r]
             for k, lists in self.lists.items():
                 row[k] = lists[r]
             for k in self.seg:
                 row[f"{k}_segment_ids"] = self.seg[k][r]
                 row[f"{k}_positions"] = self.pos[k][r]
-            out.append({k: row[k] for k in sorted(row)})
+            out.append(_sorted(row))
         return out
+
+
+def _has(element, key) -> bool:
+    try:
+        leaf(element, key)
+        return True
+    except (KeyError, TypeError, IndexError):
+        return False
+
+
+def _sorted(row: dict) -> dict:
+    return {k: _sorted(row[k]) if isinstance(row[k], dict) else row[k] for k in sorted(row)}
 
 
 class PackIter:
@@ -275,7 +353,7 @@ class PackIter:
         self.child, self.spec = child, spec
         self.row_field = f"{prefix}.row"
         self.count_field = f"{prefix}.count" if spec.shuffle else None
-        self.keep = set(spec.lengths) | set(spec.meta)
+        self.keep = {top(k) for k in spec.lengths} | set(spec.meta)
         self.arange = np.arange(max(spec.lengths.values()), dtype=np.int32)
         self.arange.flags.writeable = False
         self.start_fields: dict | None = None  # None: the parent's current position
@@ -300,7 +378,11 @@ class PackIter:
             raise ValueError(f"{name}: an element has no feature {sorted(missing, key=str)[0]!r} (length_struct and "
                              f"meta_features name {sorted(self.keep, key=str)}; the element has "
                              f"{sorted(element, key=str)})")
-        lengths = [seq_len(element[k]) for k in self.spec.lengths]
+        try:
+            lengths = [seq_len(leaf(element, k)) for k in self.spec.lengths]
+        except (KeyError, TypeError, IndexError):
+            bad = next(k for k in self.spec.lengths if not _has(element, k))
+            raise ValueError(f"{name}: an element has no {bad!r} (a nested feature of length_struct)") from None
         too_long = [(k, n, cap) for (k, cap), n in zip(self.spec.lengths.items(), lengths) if n > cap]
         if too_long:
             raise ValueError(f"{name}: inputs must be truncated to the target length first; (feature, length, target "

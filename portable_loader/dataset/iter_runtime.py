@@ -23,8 +23,10 @@ Example:
 
 from __future__ import annotations
 
+import bisect
 import collections
 import logging
+import math
 import time
 from concurrent import futures
 from typing import Callable, Sequence
@@ -34,7 +36,8 @@ from portable_loader.dataset.iter_ops import ElementOp, Segment, apply_one, read
 from portable_loader.errors import FilterError
 from portable_loader.lifecycle import in_finalizer
 
-__all__ = ["BatchIter", "InlineExec", "MixIter", "OpIter", "SourceIter", "mix_choice", "int_proportions"]
+__all__ = ["BatchIter", "FilterRatioCheck", "InlineExec", "MixIter", "OpIter", "SourceIter", "filter_name",
+           "int_proportions", "mix_choice", "next_index", "set_next_index"]
 
 # Elements filtered out in a row before an iterator gives up: an endless stream whose filter
 # rejects everything would otherwise never yield (Grain's does not), as pl.DataLoader's planner.
@@ -46,35 +49,83 @@ def _rejected_all(where: str, run: int) -> FilterError:
                        "everything that the stream cannot go on")
 
 INLINE_CHUNK = 64  # positions per batched read in this process
-# Grain's filter check: over each window of this many positions, warn (at most once a minute) when
-# the filters dropped at least FILTER_WARN_RATIO of them: a filter that drops nearly everything is
-# usually a bug that would otherwise only show as a slow stream.
-FILTER_WINDOW, FILTER_WARN_RATIO, FILTER_WARN_EVERY_S = 1000, 0.9, 60.0
+# Grain's filter check: over each window of this many elements a filter sees, warn (at most once a
+# minute) or raise when it dropped at least the ratios of DatasetOptions (iter_options.py): a filter
+# that drops nearly everything is usually a bug that would otherwise only show as a slow stream.
+FILTER_WINDOW, FILTER_WARN_EVERY_S = 1000, 60.0
 _log = logging.getLogger(__name__)
 
 
-class _FilterCheck:
-    """Counts the positions a segment's filters drop, per window; logs Grain's warning when too many are."""
+class FilterRatioCheck:
+    """Grain's filter threshold check for one filtering step, over exact windows of ``FILTER_WINDOW`` inputs.
 
-    def __init__(self, seg: Segment):
-        names = [getattr(op.transform, "__name__", type(op.transform).__name__) for _, op in seg.ops if op.drops]
-        self.names = ", ".join(names)
+    ``warn`` / ``raise_``: the ``DatasetOptions`` ratios (None or 0: off, as in Grain). ``check(kept)``
+    counts one input and raises at the last input of a window over the raise ratio;
+    ``check_range(a, b, kept)`` counts the source positions ``[a, b)``, of which the sorted ``kept``
+    survived, and returns the position where the raise ratio was crossed (the error is ``error``),
+    so that the elements before it are still served, as in Grain, whatever the chunking.
+
+    Example:
+        >>> c = FilterRatioCheck("f", warn=None, raise_=0.5)
+        >>> c.check_range(0, 1500, list(range(0, 1500, 4)))    # 75 % of the first 1000 dropped
+        999
+        >>> str(c.error)[:64]
+        'Transformation f skipped 75.00 % of the last seen 1000 elements.'
+    """
+
+    def __init__(self, name: str, warn: float | None, raise_: float | None):
+        self.name = name
+        self.warn, self.raise_ = warn or math.inf, raise_ or math.inf
         self.seen = self.kept = 0
-        self.warned_at = -FILTER_WARN_EVERY_S
+        self.warned_at = -math.inf
+        self.error: FilterError | None = None
 
-    def add(self, seen: int, kept: int) -> None:
-        self.seen += seen
-        self.kept += kept
-        if self.seen < FILTER_WINDOW:
-            return
-        ratio = 1 - self.kept / self.seen
-        if ratio >= FILTER_WARN_RATIO and time.monotonic() - self.warned_at >= FILTER_WARN_EVERY_S:
+    def check(self, kept: bool) -> None:
+        self.seen += 1
+        self.kept += bool(kept)
+        if self.seen == FILTER_WINDOW and self._judge():
+            raise self.error
+
+    def check_range(self, a: int, b: int, kept: list) -> int | None:
+        while a < b:
+            take = min(b - a, FILTER_WINDOW - self.seen)
+            self.kept += bisect.bisect_left(kept, a + take) - bisect.bisect_left(kept, a)
+            self.seen += take
+            a += take
+            if self.seen == FILTER_WINDOW and self._judge():
+                return a - 1
+        return None
+
+    def _judge(self) -> bool:
+        """Ends a window: logs the warning, or keeps the error and returns True."""
+        ratio, seen = 1 - self.kept / self.seen, self.seen
+        self.seen = self.kept = 0
+        if ratio >= self.raise_:
+            self.error = FilterError(
+                f"Transformation {self.name} skipped {ratio * 100:.2f} % of the last seen {seen} elements. Please "
+                "check the filtering logic. If this is intended, consider pre-filtering the input dataset before "
+                "training. To disable this check, set `grain.experimental.DatasetOptions.filter_raise_threshold_ratio` "
+                "used in `WithOptionsIterDataset` to `None`.")
+            return True
+        if ratio >= self.warn and time.monotonic() - self.warned_at >= FILTER_WARN_EVERY_S:
             self.warned_at = time.monotonic()
             _log.warning(
-                "Transformation FilterDatasetIterator(transform=%s) skipped %.2f %% of the last seen %d elements. "
-                "Please check the filtering logic; if this is intended, consider pre-filtering the input dataset.",
-                self.names, ratio * 100, self.seen)
-        self.seen = self.kept = 0
+                "Transformation %s skipped %.2f %% of the last seen %d elements. Please check the filtering logic. "
+                "If this is intended, consider pre-filtering the input dataset before training. To disable this "
+                "check, set `grain.experimental.DatasetOptions.filter_warn_threshold_ratio` used in "
+                "`WithOptionsIterDataset` to `None`.", self.name, ratio * 100, seen)
+        return False
+
+
+def filter_name(transform) -> str:
+    """How a filter is named in the check's messages: Grain's ``FilterDatasetIterator(transform=...)``.
+
+    Example:
+        >>> filter_name(len)
+        'FilterDatasetIterator(transform=len)'
+    """
+    fn = getattr(transform, "__name__", None) or type(transform).__name__
+    return f"FilterDatasetIterator(transform={fn})"
 
 
 class Chunk:
@@ -117,9 +168,10 @@ class InlineExec:
         self.threads = min(int(threads), self.depth)
         self._pool: futures.ThreadPoolExecutor | None = None
         self._ahead: collections.deque = collections.deque()
-        # Without read-ahead, the chunks after a (re)start grow 1, 2, 4, ... up to ``chunk``: an iterator
-        # read for a few elements computes about as many (Grain computes one at a time), a long read
-        # reaches the batched size after a few chunks.
+        # The chunks after a (re)start grow 1, 2, 4, ... up to ``chunk``: an iterator read for a few
+        # elements computes about as many (Grain computes one at a time), a long read reaches the
+        # batched size after a few chunks; with read-ahead, the first element waits on one read and
+        # the threads share the next ones, and a close right after the start leaves little in flight.
         self._ramp = 1
 
     def bind(self, ds, seg: Segment) -> None:
@@ -134,29 +186,33 @@ class InlineExec:
         while self._ahead:
             self._ahead.popleft()[2].cancel()
 
+    def _next_end(self, a: int) -> int:
+        b = min(a + min(self.chunk, self._ramp), self.n)
+        self._ramp = min(self.chunk, 2 * self._ramp)
+        return b
+
     def _read_ahead(self, a: int):
-        """The read of the chunk at ``a`` (from the pool when it was read ahead), after queueing the next ones."""
+        """The chunk at ``a``: its end and its read (a future from the pool, after queueing the next ones)."""
         if not self.depth:
-            return None
+            return self._next_end(a), None
         if self._pool is None:
             self._pool = futures.ThreadPoolExecutor(self.threads, thread_name_prefix="portable_loader-read")
         if self._ahead and self._ahead[0][0] != a:
             self._cancel()
+            self._ramp = 1
         nxt = self._ahead[-1][1] if self._ahead else a
         while len(self._ahead) < self.depth and nxt < self.n:
-            b = min(nxt + self.chunk, self.n)
+            b = self._next_end(nxt)
             self._ahead.append((nxt, b, self._pool.submit(read_chunk, self.ds, self.seg.allow_nones, nxt, b)))
             nxt = b
-        return self._ahead.popleft()[2]
+        _, b, pending = self._ahead.popleft()
+        return b, pending
 
     def next_chunk(self) -> Chunk | None:
         a = self.next_pos
         if a >= self.n:
             return None
-        size = self.chunk if self.depth else min(self.chunk, self._ramp)
-        self._ramp = min(self.chunk, 2 * self._ramp)
-        b = min(a + size, self.n)
-        pending = self._read_ahead(a)
+        b, pending = self._read_ahead(a)
         try:
             read = pending.result() if pending is not None else None
             pos, elems, ords, running = run_chunk(self.ds, self.seg, a, b, self.running, read)
@@ -182,7 +238,9 @@ class SourceIter:
     ``executor`` computes chunks: :class:`InlineExec` here, or a worker pool's stream
     (:mod:`portable_loader.dataset.mp_prefetch`). The state is the position after the last element
     handed on and the ordinal counts there; elements computed ahead of it are simply recomputed
-    after a restore.
+    after a restore. ``ratios``: the filter check's warn and raise ratios (``DatasetOptions``), for
+    the segment's filters and, where the source has holes that are skipped, for those
+    (``holes_name`` names them in the messages).
 
     Example:
         >>> from portable_loader.dataset import source
@@ -193,15 +251,17 @@ class SourceIter:
         ((0, 0), (1, 1), {'0.source.position': 2, '1.map_with_index.count': 2})
     """
 
-    def __init__(self, field: str, ds, seg: Segment, executor):
+    def __init__(self, field: str, ds, seg: Segment, executor, ratios: tuple = (0.9, None),
+                 holes_name: str = "to_iter_dataset"):
         self.field, self.ds, self.seg, self.executor = field, ds, seg, executor
+        self.ratios, self.holes_name = ratios, holes_name
         self.n = len(ds)
         self._buf: collections.deque = collections.deque()
         self._error: BaseException | None = None
         self._started = False
         self.pos, self.running = 0, []
         self._dropped = 0  # positions filtered out in a row
-        self._filters: _FilterCheck | None = None
+        self._filters: FilterRatioCheck | None = None
         self._counted = 0  # positions up to which the filter check has counted
 
     @property
@@ -215,7 +275,11 @@ class SourceIter:
     def seal(self) -> None:
         if not self.seg.sealed:
             self.seg.seal()
-            self._filters = _FilterCheck(self.seg) if any(op.drops for _, op in self.seg.ops) else None
+            # One check for the segment: its filters run fused, per chunk, so the share is of source positions.
+            names = [filter_name(op.transform) for _, op in self.seg.ops if op.drops]
+            if not names and not self.seg.allow_nones and self.ds.filters:
+                names = [self.holes_name]
+            self._filters = FilterRatioCheck(", ".join(names), *self.ratios) if names else None
             self.running = [0] * self.seg.num_counts
             self.executor.bind(self.ds, self.seg)
 
@@ -237,12 +301,15 @@ class SourceIter:
                 self.pos = max(self.pos, self.n)
                 self.running = list(self.executor.running)
                 raise StopIteration
-            self._buf.extend(zip(chunk.pos, chunk.elems, chunk.ords))
-            self._error = chunk.error
-            if self._filters is not None:
-                self._filters.add(chunk.end - max(self.pos, self._counted), len(chunk.pos))
-                self._counted = chunk.end
-            if not chunk.pos and chunk.error is None:  # all dropped: nothing to recompute before `end`
+            elements, error = list(zip(chunk.pos, chunk.elems, chunk.ords)), chunk.error
+            if self._filters is not None and error is None:
+                start, self._counted = max(self.pos, self._counted), max(self._counted, chunk.end)
+                stop = self._filters.check_range(start, chunk.end, chunk.pos)
+                if stop is not None:  # Grain raises at the window's last element, after those before it
+                    elements, error = [e for e in elements if e[0] < stop], self._filters.error
+            self._buf.extend(elements)
+            self._error = error
+            if not elements and error is None:  # all dropped: nothing to recompute before `end`
                 self._dropped += chunk.end - self.pos
                 self.pos, self.running = chunk.end, list(chunk.running)
                 if self._dropped >= MAX_REJECTED:
@@ -277,7 +344,25 @@ class SourceIter:
         self._error = None
         self.pos, self.running = pos, running
         self._started = True
+        self._counted = pos
         self.executor.restart(pos, running)
+
+    def next_index(self) -> int:
+        """Grain's ``get_next_index``: the source position of the next element, where it is one.
+
+        A filter, or holes that are skipped, make the element's index a count that only reading
+        finds: a ``ValueError`` (as Grain's filter iterators), the state is the position to use.
+        """
+        if any(op.drops for _, op in self.seg.ops) or (not self.seg.allow_nones and self.ds.filters):
+            raise ValueError("get_next_index/set_next_index: a filter makes the index of the next element unknown "
+                             "without reading; use get_state()/set_state(), which hold a position")
+        return self.pos
+
+    def set_next_index(self, index: int) -> None:
+        self.next_index()  # the same refusal
+        if not 0 <= index <= self.n:
+            raise IndexError(f"set_next_index: {index} is not in [0, {self.n}], the dataset's positions")
+        self.restore({self.field: index, **{field: index for field in self.seg.field_rank}}, ValueError)
 
     def close(self) -> None:
         self.executor.close()
@@ -295,9 +380,10 @@ class OpIter:
         (1, 12, {'0.source.position': 2, '1.map_with_index.count': 2})
     """
 
-    def __init__(self, field: str, child, op: ElementOp):
+    def __init__(self, field: str, child, op: ElementOp, ratios: tuple = (0.9, None)):
         self.field, self.child, self.op = field, child, op
         self.count = 0
+        self.check = FilterRatioCheck(filter_name(op.transform), *ratios) if op.drops else None
 
     def next(self):
         for _ in range(MAX_REJECTED):
@@ -305,9 +391,23 @@ class OpIter:
             ordinal = self.count
             self.count += 1
             keep, element = apply_one(self.op, element, ordinal if self.op.ordinal else None)
+            if self.check is not None:
+                self.check.check(keep)
             if keep:
                 return element
         raise _rejected_all(f"{self.op.kind} {self.field}", MAX_REJECTED)
+
+    def next_index(self) -> int:
+        if self.op.drops:
+            raise ValueError("get_next_index/set_next_index: a filter makes the index of the next element unknown "
+                             "without reading; use get_state()/set_state(), which hold a position")
+        return next_index(self.child)
+
+    def set_next_index(self, index: int) -> None:
+        self.next_index()  # the same refusal
+        set_next_index(self.child, index)
+        if self.op.ordinal:
+            self.count = index
 
     def fields(self) -> dict:
         out = self.child.fields()
@@ -383,6 +483,39 @@ class BatchIter(OverChild):
         if not values:
             raise StopIteration
         return stack(values, self.batch_fn)
+
+    def next_index(self) -> int:
+        return -(-next_index(self.child) // self.batch_size)  # a partly read batch counts, as in Grain
+
+    def set_next_index(self, index: int) -> None:
+        set_next_index(self.child, index * self.batch_size)
+
+
+def next_index(part) -> int:
+    """Grain's ``get_next_index`` of a running part: the index of the element it yields next.
+
+    Parts whose index is arithmetic (a source without filters, maps, batches) define it; the rest
+    (filters, mixtures, packing, ...) refuse with a ``ValueError``, as Grain documents for them.
+
+    Example:
+        >>> from portable_loader.dataset import source
+        >>> src = SourceIter("0.source.position", source(list(range(5))), Segment(allow_nones=False), InlineExec())
+        >>> src.seal()
+        >>> it = BatchIter(src, 2, drop_remainder=False, batch_fn=None)
+        >>> set_next_index(it, 2); next_index(it), it.next().tolist()
+        (2, [4])
+    """
+    method = getattr(part, "next_index", None)
+    if method is None:
+        raise ValueError(f"get_next_index/set_next_index: not defined through a {type(part).__name__} step (its "
+                         "next element has no index without reading); use get_state()/set_state()")
+    return method()
+
+
+def set_next_index(part, index: int) -> None:
+    """Grain's ``set_next_index`` of a running part: continue at the element of that index (see :func:`next_index`)."""
+    next_index(part)  # the same refusal where it has no index
+    part.set_next_index(index)
 
 
 

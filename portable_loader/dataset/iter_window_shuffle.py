@@ -143,6 +143,14 @@ class WindowShuffleIter:
     def field_names(self) -> list[str]:
         return self.child.field_names() + [self.f_window, self.f_index]
 
+    def grain_keys(self, fields: dict) -> dict:
+        """Grain's top-level ``window_index`` (windows fully emitted), read off the cursor's fields.
+
+        Grain code reads it from the state of an iterator whose last step is a window shuffle; it is
+        what ``<n>.window_shuffle.window`` counts.
+        """
+        return {"window_index": int(fields[self.f_window])}
+
     def restore(self, fields: dict, refuse) -> None:
         index = fields[self.f_index]
         if index >= self.size:

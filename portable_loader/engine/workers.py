@@ -43,7 +43,7 @@ import time
 import weakref
 
 from portable_loader.engine.channel import Channel, pair
-from portable_loader.errors import WorkerError
+from portable_loader.errors import UnpicklableError, WorkerError
 
 __all__ = ["context", "end", "fork_hazard", "launch", "load", "receive", "without_main", "worker_setup", "worker_tasks"]
 
@@ -135,7 +135,7 @@ def pickled(what: str, obj) -> bytes:
     except Exception as e:  # noqa: BLE001 - any pickling failure: say which object
         culprit = _unpicklable_part(obj)
         where = f" (the part that fails: {culprit!r:.300})" if culprit is not None and culprit is not obj else ""
-        raise TypeError(
+        raise UnpicklableError(
             f"{what} cannot be sent to the loader's worker processes{where}: {type(e).__name__}: {e}. Workers start by "
             "forkserver here (forking this process is unsafe; see docs/performance.md): make it picklable, or set "
             "PORTABLE_LOADER_START_METHOD=fork if you know the fork is safe"

@@ -8,7 +8,9 @@ Flat maps: ``FlatMapMapDataset`` (portable_loader/dataset/flat_map.py) and ``Fla
 (portable_loader/dataset/iter_repeat.py): Grain's passes, a position state. ``WindowShuffleIterDataset``
 (portable_loader/dataset/iter_window_shuffle.py): Grain's windows, our order in each. ``ElasticIterator``
 (portable_loader/grain/elastic.py): Grain's global batches per shard, and it takes filters and
-packing too.
+packing too. ``DatasetOptions``, ``WithOptionsIterDataset`` (portable_loader/dataset/iter_options.py):
+Grain's options and their filter checks. ``get_next_index`` / ``set_next_index``: where the index
+is arithmetic.
 
 The rest of Grain's experimental names import, and raise
 :class:`~portable_loader.grain._unsupported.NotSupportedError` when used, saying why they are left
@@ -38,6 +40,7 @@ from portable_loader.dataset.batch import _tree_map, stack
 from portable_loader.dataset.flat_map import FlatMapMapDataset
 from portable_loader.dataset.iter_concat_split import BOSHandling, ConcatThenSplitIterDataset
 from portable_loader.dataset.iter_flat_map import FlatMapIterDataset
+from portable_loader.dataset.iter_options import DatasetOptions, ExecutionTrackingMode, WithOptionsIterDataset
 from portable_loader.dataset.iter_pack import BestFitPackIterDataset, FirstFitPackIterDataset
 from portable_loader.dataset.iter_repeat import RepeatIterDataset
 from portable_loader.dataset.iter_window_shuffle import WindowShuffleIterDataset
@@ -53,7 +56,8 @@ from portable_loader.grain.transforms import MapWithIndex as MapWithIndexTransfo
 from portable_loader.keyed import splitmix64 as _splitmix64
 from portable_loader.sampler import LCGSampler
 
-__all__ = ["BOSHandling", "BestFitPackIterDataset", "ConcatThenSplitIterDataset", "ElasticIterator",
+__all__ = ["BOSHandling", "BestFitPackIterDataset", "ConcatThenSplitIterDataset", "DatasetOptions", "ElasticIterator",
+           "ExecutionTrackingMode", "WithOptionsIterDataset", "get_next_index", "set_next_index",
            "FirstFitPackIterDataset", "FlatMapIterDataset", "FlatMapMapDataset", "FlatMapTransform",
            "MapWithIndexTransform", "PerformanceConfig", "RepeatIterDataset", "ThreadPrefetchIterDataset",
            "WindowShuffleIterDataset", "WindowShuffleMapDataset",
@@ -66,8 +70,6 @@ _NOT = "not supported"
 #: Grain 0.2.18's other ``grain.experimental`` names: (status, why).
 MISSING = {
     "CacheIterDataset": (_NOT, "tokenize once with pl.precache and read the cache instead"),
-    "DatasetOptions": (_NOT, "options of Grain's own execution engine"),
-    "ExecutionTrackingMode": (_NOT, "options of Grain's own execution engine"),
     "InterleaveIterDataset": (_NOT, "combine random-access sources with MapDataset.mix / concatenate instead"),
     "LimitIterDataset": (_NOT, "take a prefix of the MapDataset (ds[:n]) or itertools.islice the iterator"),
     "PackAndBatchOperation": (_NOT, "an operation of Grain's legacy DataLoader; pl.DataLoader(packing=True) packs"),
@@ -77,12 +79,9 @@ MISSING = {
     "RngPool": (_NOT, "random_map draws from a generator keyed by the element; no pool is needed"),
     "ShapeDtypeStructProtocol": (_NOT, "a typing protocol of Grain's; ShapeDtypeStruct is the class to use"),
     "ThreadPrefetchDatasetIterator": (_NOT, "to_iter_dataset(read_options=ReadOptions(...)) reads ahead with threads"),
-    "WithOptionsIterDataset": (_NOT, "options of Grain's own execution engine"),
     "ZipIterDataset": (_NOT, "read two random-access datasets at one index with map_with_index instead"),
     "ZipMapDataset": (_NOT, "read two random-access datasets at one index with map_with_index instead"),
     "device_put": (_NOT, "portable_loader.adapters.jax.JaxLoader puts batches on devices"),
-    "get_next_index": (_NOT, "a state here is a position: DatasetIterator.get_state()"),
-    "set_next_index": (_NOT, "a state here is a position: DatasetIterator.set_state()"),
 }
 
 
@@ -128,6 +127,34 @@ def index_shuffle(index: int, max_index: int, seed: int, rounds: int) -> int:
         raise ValueError(f"max_index must be below 2**63, got {max_index}")
     key = int(seed) if rounds == 4 else _splitmix64(int(seed) ^ (int(rounds) << 32))
     return _permutation(int(max_index) + 1, key).few([int(index)])[0]
+
+
+def get_next_index(ds_iter) -> int:
+    """Grain's ``get_next_index``: the index of the element ``next(ds_iter)`` returns.
+
+    Defined through ``to_iter_dataset``, maps, batches and ``mp_prefetch``; a filter, a mixture or
+    packing on the way makes it a ``ValueError``: there the iterator's ``get_state()`` (a position)
+    is what to save.
+
+    Example:
+        >>> from portable_loader import grain
+        >>> it = iter(grain.MapDataset.range(10).to_iter_dataset().batch(4))
+        >>> next(it).tolist(), get_next_index(it)
+        ([0, 1, 2, 3], 1)
+    """
+    return ds_iter._get_next_index()
+
+
+def set_next_index(ds_iter, index: int) -> None:
+    """Grain's ``set_next_index``: ``next(ds_iter)`` returns the element of index ``index`` (:func:`get_next_index`).
+
+    Example:
+        >>> from portable_loader import grain
+        >>> it = iter(grain.MapDataset.range(10).to_iter_dataset())
+        >>> set_next_index(it, 8); list(it)
+        [8, 9]
+    """
+    ds_iter._set_next_index(index)
 
 
 def batch_and_pad(values: Sequence[Any], *, batch_size: int, pad_value: Any = 0) -> Any:
