@@ -13,7 +13,8 @@ over 3 epochs, so per-epoch keys are part of the cost):
   (ours also reads positions in bulk, ``record_keys``: the ``sampler_bulk`` line, which
   ``DataLoader`` uses).
 
-Figures are microseconds per element (the best of ``--repeat`` runs). The script takes whichever
+Figures are microseconds per element (the best of ``--repeat`` runs); the ``sampler_bulk`` line's
+Grain figure is its one-at-a-time ``sampler`` (Grain has no bulk lookup). The script takes whichever
 ``portable_loader`` is on ``PYTHONPATH``, so running it on an older checkout measures that release.
 """
 
@@ -29,7 +30,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from benchlib import BENCH_DIR, machine, write_table  # noqa: E402
+from benchlib import add_output_args, grouped_svg, machine, write_table  # noqa: E402
 
 
 def best_of(fn, repeat: int) -> float:
@@ -71,7 +72,7 @@ def main() -> None:
     ap.add_argument("--sizes", type=int, nargs="+", default=[1000, 100_000, 10**9])
     ap.add_argument("--count", type=int, default=2000, help="elements read per measurement")
     ap.add_argument("--repeat", type=int, default=3)
-    ap.add_argument("--csv", default=os.path.join(BENCH_DIR, "grain_shuffle.csv"), help="table as CSV ('-': none)")
+    add_output_args(ap, "grain_shuffle")
     args = ap.parse_args()
     import grain
 
@@ -88,6 +89,10 @@ def main() -> None:
             rows.append([n, what, f"{got['ours'][what]:.2f}", f"{g:.2f}", f"{g / got['ours'][what]:.1f}"])
             print(" | ".join(map(str, rows[-1])), flush=True)
     write_table(args, ["N", "access", "ours us/element", "Grain us/element", "Grain / ours"], rows)
+    grouped_svg(args, "a shuffled index: microseconds per element (lower is better)",
+                [f"N={r[0]:,}\n{r[1]}" for r in rows],
+                {"ours": [float(r[2]) for r in rows], "Grain 0.2.18": [float(r[3]) for r in rows]},
+                "us per element", log=True)
 
 
 if __name__ == "__main__":

@@ -129,8 +129,8 @@ def test_states_of_the_lcg_order_are_refused(monkeypatch):
         return pg.MapDataset.range(20).shuffle(seed=4).to_iter_dataset()
 
     def pl_loader():  # the loader's own sampler over a shuffled source
-        return pl.DataLoader(pl.source([{"input_ids": np.full(3, i, np.int32)} for i in range(20)]).shuffle(4), global_batch_size=2,
-                             seq_len=4)
+        source = pl.source([{"input_ids": np.full(3, i, np.int32)} for i in range(20)]).shuffle(4)
+        return pl.DataLoader(source, global_batch_size=2, seq_len=4)
 
     makers = (grain_loader, dataset, pl_loader)
     with monkeypatch.context() as m:

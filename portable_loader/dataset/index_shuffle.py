@@ -183,17 +183,22 @@ class IndexShuffle:
             x = self._encrypt_one(x)
         return x
 
+    def _encrypt_words(self, left: np.ndarray, right: np.ndarray) -> None:
+        # In place, on words of round_function's type (w <= _TABLED_WORD).
+        f = round_function(self._half)[0]
+        t = f.dtype.type
+        for i in range(0, len(self._keys), 2):  # np.take: twice as fast as f[right] on large arrays
+            left ^= np.take(f, right)
+            left ^= t(self._keys[i])
+            right ^= np.take(f, left)
+            right ^= t(self._keys[i + 1])
+
     def _encrypt(self, x: np.ndarray) -> np.ndarray:
         w = self._half
         if w <= _TABLED_WORD:
-            f = round_function(w)[0]
-            t = f.dtype.type
+            t = round_function(w)[0].dtype
             left, right = (x >> np.uint64(w)).astype(t), (x & np.uint64(self._wmask)).astype(t)
-            for i in range(0, len(self._keys), 2):  # np.take: twice as fast as f[right] here
-                left ^= np.take(f, right)
-                left ^= t(self._keys[i])
-                right ^= np.take(f, left)
-                right ^= t(self._keys[i + 1])
+            self._encrypt_words(left, right)
             return (left.astype(np.uint64) << np.uint64(w)) | right
         t, m, s1, s2, s8, sw = np.uint64, *(np.uint64(v) for v in (self._wmask, w - 1, w - 2, w - 8, w))
         left, right = x >> sw, x & m
@@ -211,8 +216,11 @@ class IndexShuffle:
         # Pointer doubling: jump[y] is y inside the range and the cipher's image outside it, so
         # applying jump, jump**2, jump**4, ... to an image walks every cycle at once, in log2 steps
         # of the longest walk instead of one step each.
-        n = self.max_index + 1
-        jump = self._encrypt(np.arange(1 << (2 * self._half), dtype=np.uint64)).astype(np.int64)
+        n, w = self.max_index + 1, self._half
+        words = np.arange(1 << w, dtype=round_function(w)[0].dtype)
+        left, right = np.repeat(words, 1 << w), np.tile(words, 1 << w)  # every block value, as its two words
+        self._encrypt_words(left, right)
+        jump = (left.astype(np.int64) << w) | right
         out = jump[:n].copy()
         jump[:n] = np.arange(n)
         while (out >= n).any():
