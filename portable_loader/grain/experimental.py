@@ -6,7 +6,7 @@ Grain's elements, and a state that is a position (docs/grain.md says where they 
 Flat maps: ``FlatMapMapDataset`` (portable_loader/dataset/flat_map.py) and ``FlatMapIterDataset``
 (portable_loader/dataset/iter_flat_map.py), Grain's elements. ``RepeatIterDataset``
 (portable_loader/dataset/iter_repeat.py): Grain's passes, a position state. ``WindowShuffleIterDataset``
-(portable_loader/dataset/iter_window_shuffle.py): Grain's windows, our order in each. ``ElasticIterator``
+(portable_loader/dataset/iter_window_shuffle.py): Grain's windows in Grain's order. ``ElasticIterator``
 (portable_loader/grain/elastic.py): Grain's global batches per shard, and it takes filters and
 packing too.
 
