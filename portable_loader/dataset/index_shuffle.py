@@ -38,6 +38,8 @@ import math
 
 import numpy as np
 
+from portable_loader.keyed import keep
+
 __all__ = ["ORDER", "EpochShuffle", "IndexShuffle", "block_bits", "round_function", "round_keys"]
 
 #: Names this order in the fingerprints of shuffled pipelines, so that a state saved when shuffles
@@ -148,7 +150,6 @@ class IndexShuffle:
         self._table = None
         if 0 < self.max_index < TABLE_BELOW:
             self._table = self._whole_permutation()
-            self._table_list = self._table.tolist()
 
     def _encrypt_one(self, x: int) -> int:
         w, m, keys = self._half, self._wmask, self._keys
@@ -175,7 +176,7 @@ class IndexShuffle:
             0
         """
         if self._table is not None:
-            return self._table_list[index]
+            return int(self._table[index])
         if self.max_index == 0 or index > self._fits:
             return index
         x = self._encrypt_one(index)
@@ -281,10 +282,7 @@ class EpochShuffle:
         """
         perm = self._perms.get(e)
         if perm is None:
-            perm = IndexShuffle(self.n - 1, (self.seed + e) & _MASK32)
-            if len(self._perms) >= self._KEPT:
-                self._perms.pop(next(iter(self._perms)), None)  # the oldest; another thread may have dropped it
-            self._perms[e] = perm
+            perm = keep(self._perms, e, IndexShuffle(self.n - 1, (self.seed + e) & _MASK32), self._KEPT)
         return perm
 
     def __call__(self, indices: np.ndarray) -> np.ndarray:
