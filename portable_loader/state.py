@@ -300,10 +300,8 @@ def check_state(raw, loader, planner: Planner, sources: list | None = None) -> C
         mine = {k: v for k, v in loader.config.items() if k not in ("source", "global_batch_size")}
         theirs = state["config"]
         diff = [f"{k}: state {theirs.get(k)!r}, loader {mine[k]!r}" for k in mine if theirs.get(k) != mine[k]]
-        raise StateError(
-            "fingerprint",
-            "belongs to another source or config: refused (" + ("; ".join(diff) or "the source differs") + ")",
-        )
+        why = "; ".join(diff) or "the source differs, or a shuffle in it was saved before shuffles took Grain's order"
+        raise StateError("fingerprint", f"belongs to another source or config: refused ({why})")
     n = len(loader._groups[0])
     counts = parse_sources(state[_SOURCES_FIELD], n) if _SOURCES_FIELD in state else [(0, 0)] * n
     if sources is not None:

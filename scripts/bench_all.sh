@@ -30,6 +30,7 @@ declare -A QUICK_ARGS=(
   [cuda]="--steps 10 --batch 16 --reps 5 --peak-mib 64 --overlap-mib 16"
   [peers]="--records 20000 --rounds 1 --steps 200 --worker-steps 100 --resume-step 500"
   [grain]="--quick"
+  [grain_shuffle]="--sizes 1000 100000 --count 300 --repeat 1"
   [pretrain]="--tokens 5000000 --rounds 1 --steps 200 --scale-tokens 1e9 --index-tokens 1e8"
   [workers]="--workers 0 1 --rounds 1 --steps 10 --tokens 3000000 --kinds concat packed map torch"
   [gpu_train]="--steps 5 --rounds 1 --sizes small"

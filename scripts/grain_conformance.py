@@ -45,6 +45,8 @@ PUBLIC_MODULES = ["grain", "grain.experimental", "grain.transforms", "grain.samp
                   "grain.checkpoint", "grain.constants", "grain.multiprocessing", "grain.python"]
 _OTHER_MIXTURE = "a state of another mixture (other weights or datasets) is refused with a StateError"
 _WORKERS = "the element stream does not depend on the worker count (Grain's interleaves per-worker slices)"
+_SHARDS = ("a shard reads every K-th position of one global stream, so a state resumes on another number of hosts "
+           "(Grain's contiguous ranges tie the stream to the shard count)")
 #: Tests whose assertion is what portable_loader changes on purpose: test id -> why (docs/grain.md).
 DELIBERATE: dict[str, str] = {
     "MixedIterDatasetTest.test_checkpoint_recovery_with_different_mixture": _OTHER_MIXTURE,
@@ -54,10 +56,10 @@ DELIBERATE: dict[str, str] = {
     "DataLoaderTest_*.test_data_loader_checkpointing_same_object[456]": _WORKERS,
     "DataLoaderTest_*.test_data_loader_checkpointing_object_reconstruction[45]": _WORKERS,
     "DatasetTest.test_prefetch_with_slice_source": _WORKERS,
-    # Grain gives shard k a contiguous range; here shard k reads every K-th position of the one global stream.
-    "IndexSamplerTest.test_sharding_no_shuffle_*": "a shard reads every K-th position of one global stream, so a "
-                                                   "state resumes on another number of hosts (Grain's contiguous "
-                                                   "ranges tie the stream to the shard count)",
+    # Grain gives shard k a contiguous range (shuffled in Grain's order when shuffling); here shard k
+    # reads every K-th position of the one global stream (itself in Grain's order when shuffling).
+    "IndexSamplerTest.test_sharding_no_shuffle_*": _SHARDS,
+    "IndexSamplerTest.test_shuffle_and_sharding_*": _SHARDS,
     # Grain's ElasticIterator refuses a filter; ours reads filtered datasets by position (docs/grain.md).
     "ElasticIteratorTest.test_filter_raises_error": "ElasticIterator takes filters here (a position state needs no "
                                                     "per-shard record), where Grain raises a ValueError",

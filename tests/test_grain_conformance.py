@@ -1,5 +1,5 @@
 """A fast subset of ``scripts/grain_conformance.py``: Grain 0.2.18's own test files, run on real Grain and
-on ``portable_loader.grain`` through the import shim, each in its own process (about 30 s on 2 cores).
+on ``portable_loader.grain`` through the import shim, each in its own process (about 40 s on 2 cores).
 
 The whole run (every file, both libraries) is ``python scripts/grain_conformance.py`` (docs/grain.md).
 """
@@ -15,7 +15,7 @@ pytest.importorskip("grain")
 pytest.importorskip("parameterized")
 
 SCRIPT = pathlib.Path(__file__).resolve().parent.parent / "scripts" / "grain_conformance.py"
-FILES = [f"dataset/transformations/{n}_test.py" for n in ("map", "flatmap", "mix", "shuffle")]
+FILES = [f"dataset/transformations/{n}_test.py" for n in ("map", "flatmap", "mix", "shuffle")] + ["samplers_test.py"]
 
 
 def _script():
@@ -38,11 +38,12 @@ def test_grains_own_tests_pass_on_ours_where_they_use_public_names(report):
     rows = report["files"]
     assert all(r["real_pass"] > 0 for r in rows.values()), rows  # real Grain ran them all
     # Files whose public-name tests all pass (deliberate differences aside): none may regress.
-    for name in ("map", "flatmap", "mix", "shuffle"):
-        row = rows[f"dataset/transformations/{name}_test.py"]
+    for name in [f"dataset/transformations/{n}_test.py" for n in ("map", "flatmap", "mix", "shuffle")] + ["samplers_test.py"]:
+        row = rows[name]
         assert row["compared"] > 0 and row["pass"] == row["compared"], (name, row, report["failed"])
     passed = {t for f in FILES for t in report["passed"].get(f, ())}
     for test in ("WindowShuffleMapDatasetTest.test_getitem", "WindowShuffleMapDatasetTest.test_getitems_multi_epochs",
+                 "IndexSamplerTest.test_shuffle_no_sharding", "IndexSamplerTest.test_determinism",
                  "FlatMapMapDatasetTest.test_with_filter", "MapMapDatasetTest.test_map_checkpointing"):
         assert test in passed, test
 
@@ -60,6 +61,10 @@ def test_tests_that_reach_private_names_are_left_out_with_the_names(report):
 
 
 def test_deliberate_differences_are_reported_apart(report):
-    assert set(report["deliberate"]) == {
+    # Position sharding (docs/grain.md): every sharded IndexSampler test, shuffled or not.
+    sharding = {f"samplers_test.py::IndexSamplerTest.test_{kind}_{drop}_{epochs}"
+                for kind in ("sharding_no_shuffle", "shuffle_and_sharding")
+                for drop in ("drop_remainder", "no_drop_remainder") for epochs in ("single_epoch", "multi_epoch")}
+    assert set(report["deliberate"]) == sharding | {
         f"dataset/transformations/mix_test.py::MixedIterDatasetTest.test_checkpoint_recovery_with_{w}"
         for w in ("different_mixture", "fewer_datasets", "more_datasets")}

@@ -1,16 +1,13 @@
 """``grain.experimental.WindowShuffleIterDataset`` (portable_loader/dataset/iter_window_shuffle.py) against real Grain.
 
-Oracle: Grain 0.2.18's ``WindowShuffleIterDataset`` over the same input. The order inside a window
-is each library's own (documented), so what must be equal is every window's multiset of elements
-and the number of elements; on top, ours is deterministic, differs between windows and seeds, and
-resumes exactly from every element, at another ``mp_prefetch`` worker count.
+Oracle: Grain 0.2.18's ``WindowShuffleIterDataset`` over the same input: the same elements in the
+same order (each window in Grain's shuffled order); on top, ours differs between windows and
+seeds, and resumes exactly from every element, at another ``mp_prefetch`` worker count.
 """
 
 from __future__ import annotations
 
 import json
-from collections import Counter
-
 import grain
 import pytest
 from hypothesis import given, settings, strategies as st
@@ -28,16 +25,10 @@ def build(g, n: int, window: int, seed: int, keep_mod: int):
     return g.experimental.WindowShuffleIterDataset(ds, window_size=window, seed=seed)
 
 
-def windows(elems: list, w: int) -> list:
-    return [Counter(elems[i:i + w]) for i in range(0, len(elems), w)]
-
-
 @settings(**SETTINGS)
 @given(n=st.integers(0, 40), window=st.integers(1, 12), seed=st.integers(0, 2**31), keep_mod=st.integers(1, 3))
-def test_each_window_holds_grains_elements(n, window, seed, keep_mod):
-    ours, real = list(build(pg, n, window, seed, keep_mod)), list(build(grain, n, window, seed, keep_mod))
-    assert windows(ours, window) == windows(real, window)
-    assert ours == list(build(pg, n, window, seed, keep_mod))  # deterministic
+def test_elements_are_grains_in_grains_order(n, window, seed, keep_mod):
+    assert list(build(pg, n, window, seed, keep_mod)) == list(build(grain, n, window, seed, keep_mod))
 
 
 def test_windows_and_seeds_differ():

@@ -23,7 +23,7 @@ Example:
 ``Dataset.range``, ``source``, ``mix``, ``concatenate``, ``select_from_datasets`` and the methods
 ``map``, ``filter``, ``random_map``, ``map_with_index``, ``shuffle``, ``slice`` (and ``ds[a:b:c]``),
 ``batch``, ``repeat``, ``seed``, ``apply``, ``pipe``, ``to_iter_dataset`` and iteration, with
-Grain's results wherever Grain's are deterministic (shuffles use our keyed order instead).
+Grain's results, element for element (shuffles in Grain's order, :mod:`portable_loader.dataset.shuffle`).
 
     >>> from portable_loader.dataset import Dataset
     >>> list(Dataset.range(10).map(lambda x: x * 2)[1:7:2].batch(2))

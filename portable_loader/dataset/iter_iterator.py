@@ -199,7 +199,7 @@ class DatasetIterator(Closing):
             >>> it.set_state(iter(to_iter_dataset(range(6))).get_state())
             Traceback (most recent call last):
             ...
-            portable_loader.errors.StateError: loader state: field 'pipeline': the state was saved by another pipeline (...); a different source, operation, function or seed
+            portable_loader.errors.StateError: loader state: field 'pipeline': the state was saved by another pipeline (...); a different source, operation, function or seed, or a shuffle saved before shuffles took Grain's order
         """
         if self._closed:
             raise ValueError("this DatasetIterator is closed")
@@ -212,7 +212,8 @@ class DatasetIterator(Closing):
             raise StateError("version", f"{state['version']!r} is not {STATE_VERSION}, the version this release reads")
         if state["pipeline"] != self._pipeline:
             raise StateError("pipeline", f"the state was saved by another pipeline ({state['pipeline']!r}, this one "
-                                         f"is {self._pipeline!r}); a different source, operation, function or seed")
+                                         f"is {self._pipeline!r}); a different source, operation, function or seed, "
+                                         "or a shuffle saved before shuffles took Grain's order")
         cursor = state["cursor"]
         if not isinstance(cursor, Mapping) or sorted(cursor) != sorted(self._names):
             got = sorted(cursor) if isinstance(cursor, Mapping) else type(cursor).__name__

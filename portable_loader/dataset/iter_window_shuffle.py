@@ -3,9 +3,9 @@
 ``WindowShuffleIterDataset(parent, window_size=W, seed=s)`` reads ``W`` elements of ``parent``,
 emits them in a shuffled order, reads the next ``W``, and so on; the last window holds what is
 left. As in Grain, every element of a window comes out before the next window is read, and each
-window is shuffled with its own key (``seed`` and the window's number), so windows of equal
-elements come out in different orders. The order within a window is ours (portable_loader's LCG
-permutation keyed by seed and window, docs/sampler.md), not Grain's ``random.Random`` shuffle.
+window comes out in Grain's order: window ``w`` of ``n`` elements is permuted by Grain's
+``index_shuffle`` keyed by ``seed + w`` (:mod:`portable_loader.dataset.index_shuffle`) and emitted
+from its last slot to its first, as Grain pops it, so the elements are Grain's one for one.
 
 The state is a position, in our format: the parent's position fields at the start of the current
 window, ``<n>.window_shuffle.window`` (its number) and ``<n>.window_shuffle.index`` (how many of its
@@ -31,18 +31,19 @@ from __future__ import annotations
 
 import numpy as np
 
+from portable_loader.dataset.index_shuffle import ORDER, IndexShuffle
 from portable_loader.dataset.iter_dataset import IterDataset
 from portable_loader.dataset.iter_pack import as_iter_dataset
-from portable_loader.keyed import splitmix64
-from portable_loader.sampler import LCGSampler
 
 __all__ = ["WindowShuffleIterDataset"]
 
-_MASK = (1 << 64) - 1
-
 
 def window_order(n: int, seed: int, window: int) -> np.ndarray:
-    """The order in which window ``window``'s ``n`` elements are emitted: a permutation keyed by (seed, window).
+    """The order in which window ``window``'s ``n`` elements are emitted: Grain's.
+
+    Grain shuffles the window with ``index_shuffle(., n - 1, seed + window, 4)`` and pops from the
+    end. Its key must be a 32-bit integer there; here it wraps (``(seed + window) % 2**32``) where
+    Grain's would raise.
 
     Example:
         >>> sorted(window_order(5, seed=3, window=0).tolist())
@@ -50,8 +51,7 @@ def window_order(n: int, seed: int, window: int) -> np.ndarray:
         >>> window_order(8, 3, 0).tolist() != window_order(8, 3, 1).tolist()
         True
     """
-    key = splitmix64((splitmix64(int(seed) & _MASK) + int(window)) & _MASK)
-    return LCGSampler(n, seed=key).record_indices(np.arange(n))
+    return IndexShuffle(n - 1, (int(seed) + int(window)) & 0xFFFFFFFF)(np.arange(n - 1, -1, -1))
 
 
 class WindowShuffleIterDataset(IterDataset):
@@ -77,7 +77,8 @@ class WindowShuffleIterDataset(IterDataset):
         self.window_size, self.seed = int(window_size), int(seed)
 
     def _identity(self) -> tuple:
-        return ("window_shuffle", self.window_size, self.seed, self._parent._identity())
+        # ORDER names the order within windows: a state saved when it was another one is refused.
+        return ("window_shuffle", ORDER, self.window_size, self.seed, self._parent._identity())
 
     def _make_part(self, children: list, n: int) -> "WindowShuffleIter":
         return WindowShuffleIter(f"{n}.window_shuffle", children[0], self.window_size, self.seed)

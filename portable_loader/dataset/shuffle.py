@@ -1,12 +1,17 @@
-"""``ds.shuffle(seed=None)``: the records in a keyed pseudo-random order, a fresh one per epoch.
+"""``ds.shuffle(seed=None)``: the records in Grain 0.2.18's shuffled order, a fresh one per epoch.
 
-The order is the LCG sampler's (:mod:`portable_loader.sampler`): computed, never stored, so a
-shuffle of a billion records costs a few integers. Index ``i`` reads position ``i % n`` of epoch
-``i // n`` (Grain's epoch rule), permuted by the key ``(seed, epoch)``; over an endless
-``repeat()`` the one epoch is the whole ``sys.maxsize`` stream, as in Grain. The orders differ
-from Grain's (it uses another keyed permutation) but are as deterministic: the same seed gives
-the same order on every machine. The seed is an integer in ``[0, 2**32)``, given here or
-derived from a ``ds.seed(...)`` above; with neither, as in Grain, it is a ``ValueError``.
+``Dataset.shuffle`` is ``grain.MapDataset.shuffle``, so it reads what Grain's reads: index ``i`` is
+position ``i % n`` of epoch ``e = i // n``, permuted by Grain's ``index_shuffle`` keyed by
+``(seed + e) % 2**32`` (:mod:`portable_loader.dataset.index_shuffle`), so a run that switches from
+Grain sees the same records in the same order. The order is computed, never stored: a shuffle of a
+billion records costs a few integers, and any index is read in O(1). Over an endless ``repeat()``
+the one epoch is the whole ``sys.maxsize`` stream, as in Grain. The seed is an integer in
+``[0, 2**32)``, given here or derived from a ``ds.seed(...)`` above; with neither, as in Grain, it
+is a ``ValueError``. (Where Grain's own shuffle reads a record twice in an epoch, at
+``2**16 + 1``, ``2**18 + 1``, ... records, this one keeps every record once: the module above says how.)
+
+The loader's own sampler (``pl.DataLoader`` over a source) is the LCG order of
+:mod:`portable_loader.sampler`, not this one.
 
 Example:
     >>> from portable_loader.dataset import Dataset
@@ -21,6 +26,7 @@ import numbers
 
 import numpy as np
 
+from portable_loader.dataset.index_shuffle import ORDER, EpochShuffle
 from portable_loader.dataset.remap import Remap
 from portable_loader.dataset.seeds import default_seed
 
@@ -28,7 +34,7 @@ __all__ = ["Shuffle"]
 
 
 class Shuffle(Remap):
-    """``parent``'s records in the LCG order keyed by ``(seed, epoch)``; built by :meth:`Dataset.shuffle`.
+    """``parent``'s records in Grain's order keyed by ``(seed + epoch) % 2**32``; built by :meth:`Dataset.shuffle`.
 
     Example:
         >>> from portable_loader.dataset import Dataset
@@ -49,26 +55,16 @@ class Shuffle(Remap):
         if isinstance(seed, bool) or not isinstance(seed, numbers.Integral) or not 0 <= seed < 2**32:
             raise ValueError(f"Seed must be an integer between 0 and 2**32-1 (got {seed=}).")
         self._seed = int(seed)
-        self._sampler = None
+        self._order = None
 
     def _remap(self, idx: np.ndarray) -> np.ndarray:
-        n = len(self.parent)
-        if self._sampler is None:  # built on first read: an empty parent has no permutation
-            from portable_loader.sampler import LCGSampler
-
-            self._sampler = LCGSampler(n, seed=self._seed)
-        epochs, pos = np.divmod(idx, n)
-        first = int(epochs[0])
-        if (epochs == first).all():  # the usual case: one epoch per read
-            return self._sampler.record_indices(pos, epoch=first) + first * n
-        out = np.empty_like(idx)
-        for epoch in np.unique(epochs).tolist():
-            sel = epochs == epoch
-            out[sel] = self._sampler.record_indices(pos[sel], epoch=epoch) + epoch * n
-        return out
+        if self._order is None:  # built on first read: an empty parent has no permutation
+            self._order = EpochShuffle(len(self.parent), self._seed)
+        return self._order(idx)
 
     def _params(self) -> tuple:
-        return ("shuffle", self._seed)
+        # ORDER names the permutation: a state saved when shuffles had another order is refused.
+        return ("shuffle", ORDER, self._seed)
 
-    def __getstate__(self):  # a worker builds its own sampler
-        return dict(self.__dict__, _sampler=None)
+    def __getstate__(self):  # a worker builds its own permutations
+        return dict(self.__dict__, _order=None)

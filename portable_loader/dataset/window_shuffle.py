@@ -3,8 +3,11 @@
 Record ``i`` stays within its window ``[w * window_size, (w + 1) * window_size)`` (the last window
 may be shorter); inside it the order is the LCG permutation (:mod:`portable_loader.sampler`) keyed
 by ``(seed, epoch, w)``, so every epoch (an index past ``len`` reads a later one, as everywhere in
-Grain) and every window has an order of its own. Grain uses another permutation: the records of
-each window are the same, their order differs. Computed, never stored.
+Grain) and every window has an order of its own. Grain uses another permutation (its
+``index_shuffle`` over the whole window size, keyed by ``seed + w``), so the order differs; where
+``window_size`` divides the length the records of each window are the same, and Grain's last,
+short window reads past the end (records of the next epoch in place of some of its own), which
+this one does not: every epoch reads each record once. Computed, never stored.
 
 Example:
     >>> from portable_loader.dataset import Dataset

@@ -101,7 +101,8 @@ def read_state(raw, pipeline: str, total: int, flat_maps: int = 0) -> tuple[int,
         raise StateError("loader", f"{state['loader']!r}: not a portable_loader.grain DataLoader state")
     if state["pipeline"] != pipeline:
         raise StateError("pipeline", f"the state was saved by another pipeline ({state['pipeline']!r}, this one is "
-                                     f"{pipeline!r}): a different data source, sampler or operation")
+                                     f"{pipeline!r}): a different data source, sampler or operation, or a "
+                                     "shuffle saved before shuffles took Grain's order")
     pos = state["position"]
     if not isinstance(pos, str) or len(pos) != _WIDTH or not pos.isascii() or not pos.isdigit():
         raise StateError("position", f"{pos!r} is not a {_WIDTH}-digit string")

@@ -1,4 +1,4 @@
-"""``grain.experimental``: packing, flat maps, ``ElasticIterator``, ``index_shuffle``, ``batch_and_pad``, ``apply_transformations``, transform aliases.
+"""``grain.experimental``: packing, flat maps, ``ElasticIterator``, ``index_shuffle`` (Grain's), ``batch_and_pad``, ``apply_transformations``, transform aliases.
 
 Packing: ``FirstFitPackIterDataset``, ``BestFitPackIterDataset`` (portable_loader/dataset/iter_pack.py)
 and ``ConcatThenSplitIterDataset`` with ``BOSHandling`` (portable_loader/dataset/iter_concat_split.py):
@@ -6,7 +6,7 @@ Grain's elements, and a state that is a position (docs/grain.md says where they 
 Flat maps: ``FlatMapMapDataset`` (portable_loader/dataset/flat_map.py) and ``FlatMapIterDataset``
 (portable_loader/dataset/iter_flat_map.py), Grain's elements. ``RepeatIterDataset``
 (portable_loader/dataset/iter_repeat.py): Grain's passes, a position state. ``WindowShuffleIterDataset``
-(portable_loader/dataset/iter_window_shuffle.py): Grain's windows, our order in each. ``ElasticIterator``
+(portable_loader/dataset/iter_window_shuffle.py): Grain's windows in Grain's order. ``ElasticIterator``
 (portable_loader/grain/elastic.py): Grain's global batches per shard, and it takes filters and
 packing too. ``DatasetOptions``, ``WithOptionsIterDataset`` (portable_loader/dataset/iter_options.py):
 Grain's options and their filter checks. ``get_next_index`` / ``set_next_index``: where the index
@@ -38,6 +38,7 @@ import numpy as np
 
 from portable_loader.dataset.batch import _tree_map, stack
 from portable_loader.dataset.flat_map import FlatMapMapDataset
+from portable_loader.dataset.index_shuffle import IndexShuffle
 from portable_loader.dataset.iter_concat_split import BOSHandling, ConcatThenSplitIterDataset
 from portable_loader.dataset.iter_flat_map import FlatMapIterDataset
 from portable_loader.dataset.iter_options import DatasetOptions, ExecutionTrackingMode, WithOptionsIterDataset
@@ -53,8 +54,6 @@ from portable_loader.grain.performance import (PerformanceConfig, ThreadPrefetch
 from portable_loader.grain.testing import assert_equal_output_after_checkpoint
 from portable_loader.grain.transforms import FlatMap as FlatMapTransform
 from portable_loader.grain.transforms import MapWithIndex as MapWithIndexTransform
-from portable_loader.keyed import splitmix64 as _splitmix64
-from portable_loader.sampler import LCGSampler
 
 __all__ = ["BOSHandling", "BestFitPackIterDataset", "ConcatThenSplitIterDataset", "DatasetOptions", "ElasticIterator",
            "ExecutionTrackingMode", "WithOptionsIterDataset", "get_next_index", "set_next_index",
@@ -92,22 +91,22 @@ def __getattr__(name: str):
 
 
 @functools.lru_cache(maxsize=16)
-def _permutation(n: int, key: int) -> LCGSampler:
-    return LCGSampler(n, seed=key)
+def _permutation(max_index: int, seed: int, rounds: int) -> IndexShuffle:
+    # A loop over one permutation's indices builds it once (small ones are tabulated when built).
+    return IndexShuffle(max_index, seed, rounds)
 
 
 def index_shuffle(index: int, max_index: int, seed: int, rounds: int) -> int:
     """Grain's ``index_shuffle``: the image of ``index`` under a keyed bijection of ``[0, max_index]`` (both ends included).
 
-    Built on portable_loader's LCG permutation (docs/sampler.md), so it is a bijection for every
-    ``max_index`` (Grain's loses a record at some sizes), but the order differs from Grain's.
-    ``rounds`` is checked as Grain checks it (an even integer in [4, 1024]) and keys the
-    permutation with ``seed`` (a 32-bit integer); the mixing itself always runs its own rounds.
-    With ``rounds=4`` it is epoch 0 of ``LCGSampler(max_index + 1, seed=seed)``.
+    The same function as Grain 0.2.18's (:mod:`portable_loader.dataset.index_shuffle`: its Feistel
+    cipher, its keys from ``seed`` and ``rounds``, its cycle walking), with the same checks, except
+    where Grain's loses records (``max_index`` an even power of two from ``2**16``: there index
+    ``max_index`` maps to itself here, where Grain's repeats another index's image).
 
     Example:
-        >>> from portable_loader import LCGSampler
-        >>> index_shuffle(3, max_index=99, seed=7, rounds=4) == int(LCGSampler(100, seed=7).record_indices([3])[0])
+        >>> import grain   # real Grain 0.2.18
+        >>> all(index_shuffle(i, 999, 7, 6) == grain.experimental.index_shuffle(i, 999, 7, 6) for i in range(1000))
         True
         >>> index_shuffle(10, max_index=9, seed=0, rounds=4)
         Traceback (most recent call last):
@@ -125,8 +124,7 @@ def index_shuffle(index: int, max_index: int, seed: int, rounds: int) -> int:
         raise ValueError(f"index must be in [0, max_index], but got index = {index} and max_index = {max_index}")
     if max_index >= 1 << 63:
         raise ValueError(f"max_index must be below 2**63, got {max_index}")
-    key = int(seed) if rounds == 4 else _splitmix64(int(seed) ^ (int(rounds) << 32))
-    return _permutation(int(max_index) + 1, key).few([int(index)])[0]
+    return _permutation(int(max_index), int(seed), int(rounds)).one(int(index))
 
 
 def get_next_index(ds_iter) -> int:

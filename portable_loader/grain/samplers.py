@@ -1,9 +1,11 @@
-"""Grain's samplers: ``IndexSampler`` and ``SequentialSampler``, computed by portable_loader's LCG sampler.
+"""Grain's samplers: ``IndexSampler`` and ``SequentialSampler``, computed, never stored.
 
 A sampler names the record at each position of one global stream: ``sampler[i].record_key``.
-Unshuffled, the order is Grain's exactly (``i % num_records`` epoch after epoch). Shuffled, each
-epoch holds every record once, in the keyed LCG order of :class:`portable_loader.LCGSampler` (O(1)
-memory, a fresh order every epoch) instead of Grain's ``index_shuffle`` order. Sharding is not the
+Unshuffled, the order is Grain's exactly (``i % num_records`` epoch after epoch). Shuffled, it is
+Grain's too: epoch ``e`` is Grain's ``index_shuffle`` permutation keyed by ``(seed + e) % 2**32``
+(:mod:`portable_loader.dataset.index_shuffle`; Grain's ``IndexSampler`` shuffles a ``range`` with
+``MapDataset.shuffle``), in O(1) memory, so an unsharded run reads Grain's records in Grain's
+order. Sharding is not the
 sampler's business here: ``DataLoader`` hands shard ``k`` of ``K`` the positions ``k, k + K, ...``
 of the global stream (:mod:`portable_loader.grain.sharding`); the shard options given to a sampler
 are passed on to the ``DataLoader`` that has none of its own.
@@ -26,6 +28,8 @@ from typing import Optional, Protocol
 
 import numpy as np
 
+from portable_loader.dataset.index_shuffle import ORDER, EpochShuffle
+from portable_loader.errors import PositionOutOfRange
 from portable_loader.grain import sharding
 from portable_loader.grain.records import RecordMetadata
 from portable_loader.sampler import LCGSampler
@@ -69,15 +73,20 @@ def _check_num_records(num_records) -> int:
 class IndexSampler:
     """Grain's ``IndexSampler``: ``num_epochs`` epochs (None: endless) of ``num_records`` records, shuffled or not.
 
-    Without ``shuffle`` position ``i`` reads record ``i % num_records``, as in Grain. With it, each
-    epoch is a fresh keyed LCG permutation of the records (Grain's own order differs; the records of
-    each epoch are the same). ``seed`` (a 32-bit integer, as Grain checks) keys the shuffle and each
-    record's ``rng``. ``shard_options`` only tells a ``DataLoader`` without shard options how to shard.
+    Without ``shuffle`` position ``i`` reads record ``i % num_records``, as in Grain. With it, epoch
+    ``e`` is Grain's permutation keyed by ``(seed + e) % 2**32``: the record keys of Grain's unsharded
+    ``IndexSampler``, position for position. ``seed`` (a 32-bit integer, as Grain checks) keys the
+    shuffle and each record's ``rng``. ``shard_options`` only tells a ``DataLoader`` without shard
+    options how to shard.
 
     Example:
         >>> s = IndexSampler(10, shuffle=True, num_epochs=2, seed=3)
         >>> len(s), s[12].index, sorted(s[i].record_key for i in range(10, 20)) == list(range(10))
         (20, 12, True)
+        >>> import grain   # real Grain 0.2.18 gives the same keys
+        >>> g = grain.samplers.IndexSampler(10, shuffle=True, num_epochs=2, seed=3)
+        >>> [g[i].record_key for i in range(20)] == s.record_keys(range(20)).tolist()
+        True
         >>> IndexSampler(10, shuffle=True)
         Traceback (most recent call last):
         ...
@@ -98,8 +107,7 @@ class IndexSampler:
             raise ValueError("Seed should be positive 32-bit integer.")
         self._num_records, self._shuffle, self._num_epochs, self._seed = num_records, bool(shuffle), num_epochs, seed
         self._shard_options = sharding.NoSharding() if shard_options is None else shard_options
-        self._lcg = LCGSampler(num_records, seed=0 if seed is None else int(seed), shuffle=self._shuffle,
-                               num_epochs=num_epochs)
+        self._order = EpochShuffle(num_records, int(seed)) if self._shuffle else None
 
     def __len__(self) -> int:
         if self._num_epochs is None:
@@ -115,7 +123,14 @@ class IndexSampler:
             >>> IndexSampler(3, num_epochs=None).record_keys([0, 4, 8]).tolist()
             [0, 1, 2]
         """
-        return self._lcg.stream_indices(np.asarray(positions, dtype=np.int64))
+        idx = np.asarray(positions, dtype=np.int64)
+        end = sys.maxsize if self._num_epochs is None else self._num_epochs * self._num_records
+        if idx.size and (idx.min() < 0 or idx.max() >= end):
+            bad = idx[(idx < 0) | (idx >= end)][0]
+            raise PositionOutOfRange(f"index must be in [0, {end}) for this sampler's stream, got {int(bad)}")
+        if self._order is None:
+            return idx % self._num_records
+        return self._order(idx) % self._num_records
 
     def __getitem__(self, index: int) -> RecordMetadata:
         if index < 0 or index >= len(self):
@@ -202,6 +217,8 @@ def stream_order(sampler) -> _Order:
     if isinstance(sampler, IndexSampler):
         s = sampler
         identity = ("IndexSampler", s._num_records, s._shuffle, s._num_epochs, s._seed)
+        if s._shuffle:  # ORDER names the shuffled order: a state saved when it was another one is refused
+            identity += (ORDER,)
         return _Order(len(s), identity, s._seed, s.record_keys, shard_options=s._shard_options)
     if isinstance(sampler, SequentialSampler):
         s = sampler
