@@ -24,22 +24,12 @@ import argparse
 import itertools
 import os
 import sys
-import time
 
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from benchlib import add_output_args, grouped_svg, machine, write_table  # noqa: E402
-
-
-def best_of(fn, repeat: int) -> float:
-    best = float("inf")
-    for _ in range(repeat):
-        t = time.perf_counter()
-        fn()
-        best = min(best, time.perf_counter() - t)
-    return best
+from benchlib import add_output_args, best_of, grouped_svg, machine, write_table  # noqa: E402
 
 
 def measure(lib, name: str, n: int, count: int, repeat: int) -> dict[str, float]:

@@ -21,18 +21,9 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from benchlib import add_output_args, grouped_svg, machine, write_table  # noqa: E402
+from benchlib import add_output_args, best_of, grouped_svg, machine, write_table  # noqa: E402
 
 from portable_loader import LCGSampler  # noqa: E402
-
-
-def best_of(fn, repeat: int) -> float:
-    best = float("inf")
-    for _ in range(repeat):
-        t = time.perf_counter()
-        fn()
-        best = min(best, time.perf_counter() - t)
-    return best
 
 
 def peak_bytes(fn) -> int:

@@ -16,6 +16,7 @@ import csv
 import importlib.metadata
 import os
 import platform
+import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BENCH_DIR = os.path.join(ROOT, "docs", "bench")
@@ -139,3 +140,13 @@ def grouped_svg(args, title: str, groups: list[str], series: dict[str, list[floa
     ax.set_ylabel(ylabel)
     ax.legend(fontsize=8)
     _save(args, plt, fig, ax, title)
+
+
+def best_of(fn, repeat: int) -> float:
+    """The shortest of ``repeat`` timed calls of ``fn``, in seconds (the least disturbed run)."""
+    best = float("inf")
+    for _ in range(repeat):
+        t = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - t)
+    return best
