@@ -22,9 +22,11 @@ def cache(tmp_path_factory):
     return pl.open_cache(pl.precache(**sample_args(), out=str(tmp_path_factory.mktemp("cuda") / "cache")))
 
 
-@pytest.mark.parametrize("workers, prefetch", [(0, 0), (0, 2), (2, 2)])
-def test_every_field_of_a_batch_lies_in_a_block_of_the_loader(cache, workers, prefetch):
-    loader = pl.DataLoader(cache, global_batch_size=8, seq_len=128, packing=True, num_workers=workers, prefetch=prefetch)
+@pytest.mark.parametrize("workers, prefetch, rows", [(0, 0, 64), (0, 2, 64), (2, 2, 64), (2, 2, 8)])
+def test_every_field_of_a_batch_lies_in_a_block_of_the_loader(cache, workers, prefetch, rows):
+    # Without workers, batches under 1 MiB come from the heap (a block is a mapping of its own): 8 x 2048 here.
+    loader = pl.DataLoader(cache, global_batch_size=rows, seq_len=2048, packing=True, num_workers=workers,
+                           prefetch=prefetch)
     with iter(loader) as it:
         for _ in range(5):
             batch = next(it)
@@ -32,6 +34,8 @@ def test_every_field_of_a_batch_lies_in_a_block_of_the_loader(cache, workers, pr
             assert None not in [block_of(v) for v in batch.values()]
             assert len(blocks) == 1  # one registration covers the batch
             assert all(v.flags.c_contiguous for v in batch.values())
+    with iter(pl.DataLoader(cache, global_batch_size=8, seq_len=2048, packing=True, prefetch=prefetch)) as it:
+        assert all(block_of(v) is None for v in next(it).values())  # 229 KB: the heap's
     assert block_of(np.zeros(4)) is None and block_of(np.zeros(4)[1:]) is None
 
 

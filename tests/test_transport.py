@@ -17,6 +17,7 @@ from hypothesis import given, settings, strategies as st
 import portable_loader as pl
 from portable_loader.engine import WorkerError
 from portable_loader.engine import channel as channel_module
+from portable_loader.engine import inline as inline_engine
 from portable_loader.engine.workers import fork_hazard
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -61,7 +62,7 @@ def test_batches_are_views_of_shared_memory_equal_to_inline(tmp_path, packing):
 @settings(max_examples=12, deadline=None)
 @given(keep=st.lists(st.booleans(), min_size=30, max_size=30), workers=st.integers(0, 3), prefetch=st.integers(0, 3))
 def test_a_held_batch_is_never_overwritten(tmp_path_factory, keep, workers, prefetch):
-    # (0 workers: the batches are collated in this process, into its own reused blocks)
+    # (0 workers: the batches are collated in this process, into its own reused blocks: small ones too, here)
     path = tmp_path_factory.mktemp("held") / "c.bin"
     docs = corpus(path, tokens=60_000)
     loader = pl.DataLoader(docs, global_batch_size=4, seq_len=256, packing="concat", num_workers=workers,
@@ -70,7 +71,8 @@ def test_a_held_batch_is_never_overwritten(tmp_path_factory, keep, workers, pref
     held = {}
     gc.collect()
     before = batch_maps()   # what earlier tests' garbage may still map
-    with iter(loader) as it:
+    with pytest.MonkeyPatch.context() as patch, iter(loader) as it:
+        patch.setattr(inline_engine, "_POOLED_MIN", 0)
         for step, k in enumerate(keep):
             b = next(it)
             assert same(b, ref[step])

@@ -33,6 +33,9 @@ from portable_loader.step_plans import Cursor, StepPlans
 __all__ = ["InlineEngine", "build_batch"]
 
 _SPARE_BLOCKS = 2  # the batch the caller holds, and one more
+# Smaller batches come from the heap, which reuses its memory anyway; a block is a mapping of its own,
+# and a caller keeping many small batches (a whole epoch in a list) would run out of mappings.
+_POOLED_MIN = 1 << 20
 
 
 def _records_of(rows) -> list[int]:
@@ -96,9 +99,9 @@ class InlineEngine:
             raise StopIteration
         rows, cursor = planned
         pool = self._pool
-        if pool is None:
+        layout = None if pool is None else Layout.of(len(rows), self.spec.seq_len, self.spec.fields)
+        if layout is None or layout.size < _POOLED_MIN:
             return self._build(rows, before, cursor), cursor
-        layout = Layout.of(len(rows), self.spec.seq_len, self.spec.fields)
         block, _ = pool.take(layout.size)
         try:
             with collating_into(pool.allocator(block, layout)):
