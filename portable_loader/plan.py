@@ -544,7 +544,8 @@ class Planner:
         return self.sizes.full_steps(samples) if self.drop_remainder else self.sizes.steps_for(samples)
 
     def _rows_in(self, w: int) -> int:
-        return len(self._pack_window(w)[0])
+        recs, lengths, _, _ = self.window_input(w)
+        return len(pack(recs, lengths, self.seq_len, self.overlong))  # (counted: the serving order is not needed)
 
     def _filtered_steps(self, estimate: bool, samples: int) -> int:
         """Padded steps through a filter: planned one by one (exact), or from the share of ``samples``
