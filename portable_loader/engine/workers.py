@@ -45,7 +45,8 @@ import weakref
 from portable_loader.engine.channel import Channel, pair
 from portable_loader.errors import UnpicklableError, WorkerError
 
-__all__ = ["context", "end", "fork_hazard", "launch", "load", "receive", "without_main", "worker_setup", "worker_tasks"]
+__all__ = ["context", "end", "fork_hazard", "launch", "load", "receive", "start_method", "take_environment", "without_main",
+           "worker_setup", "worker_tasks"]
 
 _POLL_S = 0.2
 _JOIN_S = 2.0  # per stage of a worker's end: after its channel closes, then after SIGTERM
@@ -108,18 +109,29 @@ def fork_hazard(sources=()) -> str | None:
     return None
 
 
-def context(sources):
-    """``(multiprocessing context, start method)`` for workers reading ``sources`` from this thread, now."""
+def start_method(sources=(), unsafe: str | None = None) -> str:
+    """How to start worker processes reading ``sources`` from this thread, now:
+    ``PORTABLE_LOADER_START_METHOD`` if set, else fork where nothing makes it unsafe (``fork_hazard``,
+    or the caller's own reason ``unsafe``), else forkserver (spawn where there is none).
+
+    Example:
+        >>> start_method(unsafe="a Ray connection is open") in ("forkserver", "spawn")
+        True
+    """
     methods = mp.get_all_start_methods()
     forced = os.environ.get("PORTABLE_LOADER_START_METHOD")
     if forced:
         if forced not in methods:
             raise ValueError(f"PORTABLE_LOADER_START_METHOD={forced!r}: this platform offers {methods}")
-        method = forced
-    elif "fork" in methods and fork_hazard(sources) is None:
-        method = "fork"
-    else:
-        method = "forkserver" if "forkserver" in methods else "spawn"
+        return forced
+    if "fork" in methods and unsafe is None and fork_hazard(sources) is None:
+        return "fork"
+    return "forkserver" if "forkserver" in methods else "spawn"
+
+
+def context(sources):
+    """``(multiprocessing context, start method)`` for workers reading ``sources`` from this thread, now."""
+    method = start_method(sources)
     ctx = mp.get_context(method)
     if method == "forkserver":
         ctx.set_forkserver_preload(["portable_loader.engine.workers", "portable_loader.engine.processes"])
@@ -231,10 +243,26 @@ def launch(ctx, method: str, target, args: tuple, name: str):
 _parent_ends: "weakref.WeakSet[Channel]" = weakref.WeakSet()  # this process's ends of its workers' channels
 
 
-def _bootstrap(target, chan: Channel, parent: int, forked_from_main: bool, env, *args) -> None:
+def take_environment(env: dict | None) -> None:
+    """In a worker: make ``env``, the parent's environment when it started the worker, this process's.
+
+    A forkserver child inherits the server's environment as it was when the server started
+    (credentials, tokenizer settings set since are missing); None: a forked child, which has it already.
+
+    Example:
+        >>> saved = dict(os.environ)
+        >>> take_environment({**saved, "DOC_EXAMPLE": "1"}); os.environ["DOC_EXAMPLE"]
+        '1'
+        >>> take_environment(saved); "DOC_EXAMPLE" in os.environ
+        False
+    """
     if env is not None:
         os.environ.clear()
         os.environ.update(env)
+
+
+def _bootstrap(target, chan: Channel, parent: int, forked_from_main: bool, env, *args) -> None:
+    take_environment(env)
     if os.getppid() == parent:  # forked: the parent's ends came along
         for end in list(_parent_ends):
             end.close()

@@ -34,7 +34,7 @@ import uuid
 from collections import Counter
 
 from portable_loader.cache.writer import ShardWriter, record_digest
-from portable_loader.engine.workers import fork_hazard, without_main
+from portable_loader.engine.workers import start_method, take_environment, without_main
 from portable_loader.precache.plan import cpu_count
 from portable_loader.record_options import RecordOptions
 
@@ -158,9 +158,7 @@ def _worker(task, slot: int) -> dict:
 def _init_worker(progress, common, env) -> None:
     global _progress, _common
     _progress, _common = progress, common
-    if env is not None:  # a forkserver child has the server's environment, as it was when the server started
-        os.environ.clear()
-        os.environ.update(env)
+    take_environment(env)
     # Ctrl-C is the parent's to handle: it stops the workers and removes the temp directory.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     # One worker per core: the tokenizer's own thread pool would only oversubscribe.
@@ -181,20 +179,12 @@ def _raise_first_error(pending: list) -> None:
 
 
 def _start_method() -> str:
-    """fork where the loader's workers would fork (``engine/workers.py``: no other thread, JAX's
-    backend not running, CUDA not initialized, no native thread started since import) and this
-    process holds no Ray connection (its gRPC threads' locks, copied mid-use into a forked child,
-    hang it); else forkserver (a clean process that forks the workers). The tokenizer's own
-    threads in this process count too: a tokenizer that already ran here makes forkserver."""
-    methods = mp.get_all_start_methods()
-    forced = os.environ.get("PORTABLE_LOADER_START_METHOD")
-    if forced in methods:
-        return forced
+    """The loader's rule (``engine/workers.py``: fork only where that is safe), and no fork while this
+    process holds a Ray connection (its gRPC threads' locks, copied mid-use into a forked child, hang
+    it). The tokenizer's own threads count too: a tokenizer that already ran here makes forkserver."""
     ray = sys.modules.get("ray")
     ray_on = ray is not None and getattr(ray, "is_initialized", lambda: False)()
-    if "fork" in methods and not ray_on and fork_hazard() is None:
-        return "fork"
-    return "forkserver" if "forkserver" in methods else "spawn"
+    return start_method(unsafe="a Ray connection is open" if ray_on else None)
 
 
 def run_tasks(tasks: list, common: dict, num_workers: int | None, show_progress: bool, total: int) -> tuple[list[dict], int]:
