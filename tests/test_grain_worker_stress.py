@@ -23,11 +23,8 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
 
-SCRIPT = r'''
-import json, sys
-import numpy as np
-from portable_loader.grain import python as grain
-
+# The pipeline, written once: run on ours in a subprocess, and on real Grain here (the oracle).
+PIPELINE = r'''
 class PlusOne(grain.MapTransform):
     def map(self, x):
         return x + 1
@@ -41,7 +38,13 @@ def loader(workers):
     sampler = grain.IndexSampler(num_records=len(src), shard_options=grain.NoSharding(), shuffle=False, num_epochs=1)
     return grain.DataLoader(data_source=src, sampler=sampler, operations=[PlusOne(), FilterEven(),
                             grain.BatchOperation(batch_size=2)], worker_count=workers)
+'''
 
+SCRIPT = r'''
+import json, sys
+import numpy as np
+from portable_loader.grain import python as grain
+''' + PIPELINE + r'''
 rounds, workers = int(sys.argv[1]), int(sys.argv[2])
 out = []
 for r in range(rounds):
@@ -66,19 +69,9 @@ print(json.dumps(out))
 def grain_batches() -> list:
     import grain.python as grain
 
-    class PlusOne(grain.MapTransform):
-        def map(self, x):
-            return x + 1
-
-    class FilterEven(grain.FilterTransform):
-        def filter(self, x):
-            return x % 2 == 0
-
-    src = grain.RangeDataSource(start=0, stop=16, step=1)
-    sampler = grain.IndexSampler(num_records=len(src), shard_options=grain.NoSharding(), shuffle=False, num_epochs=1)
-    dl = grain.DataLoader(data_source=src, sampler=sampler, operations=[PlusOne(), FilterEven(),
-                          grain.BatchOperation(batch_size=2)], worker_count=0)
-    return [np.asarray(b).tolist() for b in dl]
+    namespace = {"grain": grain}
+    exec(PIPELINE, namespace)
+    return [np.asarray(b).tolist() for b in namespace["loader"](0)]
 
 
 def test_worker_count_3_checkpointing_many_times_without_a_hang():
