@@ -31,7 +31,7 @@ import numpy as np
 
 from portable_loader.batch_size import BatchSchedule, as_schedule
 from portable_loader.collate import PADDED_FIELDS
-from portable_loader.plan import Cursor, Planner
+from portable_loader.plan import Cursor, Planner, RecordRows
 
 __all__ = ["BatchSpec", "as_schedule"]
 
@@ -100,7 +100,8 @@ class BatchSpec:
         if self.shard_count == 1:
             return rows
         b = len(rows) // self.shard_count
-        return rows[self.shard_index * b : (self.shard_index + 1) * b]
+        lo, hi = self.shard_index * b, (self.shard_index + 1) * b
+        return rows.part(lo, hi) if type(rows) is RecordRows else rows[lo:hi]
 
     def resolve(self, cursor: Cursor) -> Cursor:
         """``cursor`` with ``samples`` filled in (the schedule followed from step 0) where it is None."""

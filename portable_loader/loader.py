@@ -607,7 +607,7 @@ class LoaderIterator(Closing, Iterator[dict]):
             real = batch["attention_mask"] if "attention_mask" in batch else batch["segment_ids"]
             served = int(np.count_nonzero(real))
         else:
-            served = int(row_tokens.sum())
+            served = self._engine.tokens
         if type(by_source) is Served or type(by_source) is ServedRows:  # a mixture step: counted many at once
             self._served.append(by_source)
             if len(self._served) >= _SERVED_KEPT:

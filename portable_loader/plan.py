@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import bisect
 from collections import OrderedDict
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Callable, NamedTuple
 
 import numpy as np
@@ -57,7 +58,7 @@ from portable_loader.sampler import LCGSampler
 if TYPE_CHECKING:  # the dataset package imports the planner's module
     from portable_loader.dataset.protocols import StreamOrder
 
-__all__ = ["Cursor", "MAX_REJECTED", "Planner", "packed_rows"]
+__all__ = ["Cursor", "MAX_REJECTED", "Planner", "RecordRows", "packed_rows"]
 
 _CHUNK = 4096
 _KEPT_CHUNKS = 8  # 32 KiB of record indices each (and as much of lengths)
@@ -430,7 +431,7 @@ class Planner:
                     recs = np.where(over, -1, recs)
             # End = seq_len: collate cuts each record to its own length. A dropped record leaves
             # its row empty, so positions and rows stay in step.
-            rows = [[(idx, 0, self.seq_len)] if idx >= 0 else [] for idx in recs.tolist()]
+            rows = RecordRows(recs, self.seq_len, batch)
             self._count(cur.step, touched, rejected)
             if self.groups is not None and self.groups.size <= 2 and not self.count_lengths:
                 # one source, one host: its tokens are the batch's, which the consumer counts anyway
@@ -447,7 +448,7 @@ class Planner:
                         kept = recs >= 0
                         recs, tokens = recs[kept], tokens[kept]
                     self._by_source(cur.step, recs, tokens)
-            return rows + [[] for _ in range(batch - len(rows))], Cursor(cur.step + 1, 0, 0, hi)
+            return rows, Cursor(cur.step + 1, 0, 0, hi)
         rows: list[list[Piece]] = []
         w, r = cur.window, cur.row
         touched = rejected = empty = 0
@@ -560,6 +561,71 @@ class Planner:
             cur, steps = planned[1], steps + 1
             self.counts.pop(steps - 1, None)
         return steps
+
+
+class RecordRows(Sequence):
+    """The rows of a padded step: ``[(record, 0, end)]`` each, ``[]`` where ``recs`` holds -1 (a
+    dropped record) and past its end, up to ``batch`` rows.
+
+    A sequence of rows like any plan's, kept as one array of records until someone reads the rows:
+    the trainer's process plans a step and sends it to a worker without a Python object per row,
+    and it pickles as the records' bytes (64 rows in ~1 µs instead of 12).
+
+    Example:
+        >>> import pickle
+        >>> rows = RecordRows(np.array([7, -1, 3]), 8, batch=4)
+        >>> rows
+        [[(7, 0, 8)], [], [(3, 0, 8)], []]
+        >>> len(rows), rows[0], rows[1:3]
+        (4, [(7, 0, 8)], [[], [(3, 0, 8)]])
+        >>> pickle.loads(pickle.dumps(rows)) == rows == [[(7, 0, 8)], [], [(3, 0, 8)], []]
+        True
+    """
+
+    __slots__ = ("recs", "end", "_rows")
+
+    def __init__(self, recs: np.ndarray, end: int, batch: int | None = None):
+        recs = np.asarray(recs, dtype=np.int64)
+        if batch is not None and recs.size < batch:  # a finite stream's last step: empty rows after it
+            recs = np.concatenate([recs, np.full(batch - recs.size, -1, dtype=np.int64)])
+        self.recs, self.end, self._rows = recs, end, None
+
+    def rows(self) -> list[list[Piece]]:
+        """The rows as lists, made once."""
+        if self._rows is None:
+            end = self.end
+            self._rows = [[(i, 0, end)] if i >= 0 else [] for i in self.recs.tolist()]
+        return self._rows
+
+    def part(self, lo: int, hi: int) -> "RecordRows":
+        """Rows ``[lo, hi)``, still a ``RecordRows`` (a host's share of a step)."""
+        return RecordRows(self.recs[lo:hi], self.end)
+
+    def __len__(self) -> int:
+        return len(self.recs)
+
+    def __getitem__(self, i):
+        return self.rows()[i]
+
+    def __iter__(self):
+        return iter(self.rows())
+
+    def __eq__(self, other) -> bool:
+        if isinstance(other, RecordRows):
+            other = other.rows()
+        return self.rows() == other if isinstance(other, list) else NotImplemented
+
+    __hash__ = None
+
+    def __repr__(self) -> str:
+        return repr(self.rows())
+
+    def __reduce__(self):
+        return _record_rows, (self.recs.tobytes(), self.end)
+
+
+def _record_rows(raw: bytes, end: int) -> RecordRows:
+    return RecordRows(np.frombuffer(raw, dtype=np.int64), end)
 
 
 class Served(NamedTuple):

@@ -19,9 +19,15 @@ interleaved (the median round is reported):
   Grain over the same map.
 
 Each row: batches/s and tokens/s, the main process's CPU seconds a batch (what decides how many
-workers one trainer process can feed), the workers' CPU seconds together, and for ``concat`` the
-main process's CPU a batch over the inline engine's (0 workers) on the same batch. Writes
-``docs/bench/workers.csv`` and ``.svg`` (``--csv``/``--svg``) and prints a Markdown table.
+workers one trainer process can feed), the workers' CPU seconds together. Then, per worker count,
+the main process's CPU a batch for ``concat`` over the inline engine's (0 workers) on the same
+batch, and for 41 MB padded batches over 3.7 MB concat ones. Writes ``docs/bench/workers.csv`` and
+``.svg`` (``--csv``/``--svg``) and prints a Markdown table.
+
+``--step-ms S`` sleeps S ms before each batch, as a trainer's step leaves the loader: the main
+process's CPU a batch is then what a training loop pays (its caches cold from whatever ran in the
+step: the workers streaming 41 MB batches through them cost the tight loop's next batch more than
+the batch's own size does). Batches/s then only says that the loader kept up.
 """
 
 from __future__ import annotations
@@ -106,25 +112,25 @@ def map_loader(grain, workers):
                             worker_count=workers)
 
 
-def run_ours(kind, path, workers, steps):
+def run_ours(kind, path, workers, steps, step_s=0.0):
     import portable_loader as pl
     from portable_loader import grain
 
     if kind == "map":
         it = iter(map_loader(grain, workers))
-        return _timed(it, steps, BATCH, lambda: _worker_pids(it))
+        return _timed(it, steps, BATCH, lambda: _worker_pids(it), step_s)
     if kind == "tokenized":  # c4 rows, phi-3-mini, packed 8 x 2048
         ds = pl.tokenized(path + ".jsonl", tokenizer=os.path.join(DATA, "tokenizers", "phi-3-mini"), format="text",
                           max_length=2048, overlong="truncate")
         it = iter(pl.DataLoader(ds, global_batch_size=8, seq_len=2048, packing=True, num_workers=workers, seed=0))
-        return _timed(it, steps, None, lambda: _worker_pids(it))
+        return _timed(it, steps, None, lambda: _worker_pids(it), step_s)
     docs = pl.pretokenized(path, eos_token_id=0)
     if kind == "padded-long":
         opts = dict(global_batch_size=BATCH, seq_len=106_496, packing=False)
     else:
         opts = dict(global_batch_size=BATCH, seq_len=SEQ, packing="concat" if kind == "concat" else True)
     it = iter(pl.DataLoader(docs, num_workers=workers, seed=0, **opts))
-    return _timed(it, steps, None, lambda: _worker_pids(it))
+    return _timed(it, steps, None, lambda: _worker_pids(it), step_s)
 
 
 def _worker_pids(it):
@@ -136,7 +142,7 @@ def _worker_pids(it):
     return [p.pid for p in me.children(recursive=True) if p.pid not in server and "resource_tracker" not in " ".join(p.cmdline())]
 
 
-def _timed(it, steps, tokens_per, pids):
+def _timed(it, steps, tokens_per, pids, step_s=0.0):
     first = next(it)  # start-up is not timed
     workers = pids()
     # Our loaders count real tokens where the batch is built (it.stats): counting them here would
@@ -144,6 +150,8 @@ def _timed(it, steps, tokens_per, pids):
     stats = (lambda: it.stats["tokens"]) if tokens_per is None else (lambda: 0)
     s0, w0, c0, t0 = stats(), cpu_of(workers), time.process_time(), time.perf_counter()
     for _ in range(steps):
+        if step_s:
+            time.sleep(step_s)  # the trainer's step: no CPU of this process
         next(it)
     wall, cpu, wcpu = time.perf_counter() - t0, time.process_time() - c0, cpu_of(workers) - w0
     tokens = stats() - s0 if tokens_per is None else tokens_per * steps
@@ -155,18 +163,18 @@ def _timed(it, steps, tokens_per, pids):
             "workers_cpu_ms": 1e3 * wcpu / steps}
 
 
-def run_torch(path, workers, steps):
+def run_torch(path, workers, steps, step_s=0.0):
     import torch
 
     loader = torch.utils.data.DataLoader(Windows(path), batch_size=BATCH, shuffle=True, num_workers=workers,
                                          persistent_workers=False, prefetch_factor=2 if workers else None)
     it = iter(loader)
-    res = _timed(it, steps, BATCH * SEQ, lambda: [w.pid for w in getattr(it, "_workers", [])])
+    res = _timed(it, steps, BATCH * SEQ, lambda: [w.pid for w in getattr(it, "_workers", [])], step_s)
     del it
     return res
 
 
-def run_grain(kind, path, workers, steps):
+def run_grain(kind, path, workers, steps, step_s=0.0):
     import grain
     import psutil
     from absl import flags
@@ -183,7 +191,7 @@ def run_grain(kind, path, workers, steps):
             ds = ds.mp_prefetch(grain.MultiprocessingOptions(num_workers=workers))
         it = iter(ds)
         per = BATCH * SEQ
-    res = _timed(it, steps, per, lambda: [p.pid for p in psutil.Process().children(recursive=True)])
+    res = _timed(it, steps, per, lambda: [p.pid for p in psutil.Process().children(recursive=True)], step_s)
     close = getattr(it, "close", None)
     if close:
         close()
@@ -196,6 +204,7 @@ def main():
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--tokens", type=int, default=30_000_000)
     parser.add_argument("--steps", type=int, default=60, help="batches timed per measurement (map: a quarter)")
+    parser.add_argument("--step-ms", type=float, default=0.0, help="a trainer's step, slept before each batch")
     parser.add_argument("--kinds", nargs="+",
                         default=["concat", "packed", "padded-long", "tokenized", "map", "torch", "grain", "grain-map"])
     args = parser.parse_args()
@@ -214,12 +223,13 @@ def main():
                 for w in args.workers:
                     # tokenized: many packing windows (~35 steps each), so that tokenizing, not serving, is timed
                     steps = 4 * args.steps if kind == "tokenized" else max(4, args.steps // 4) if "map" in kind else args.steps
+                    step_s = args.step_ms / 1e3
                     if kind == "torch":
-                        res = run_torch(path, w, steps)
+                        res = run_torch(path, w, steps, step_s)
                     elif kind.startswith("grain"):
-                        res = run_grain("map" if kind == "grain-map" else "windows", path, w, steps)
+                        res = run_grain("map" if kind == "grain-map" else "windows", path, w, steps, step_s)
                     else:
-                        res = run_ours(kind, path, w, steps)
+                        res = run_ours(kind, path, w, steps, step_s)
                     runs[(kind, w)].append(res)
                     print(f"round {r} {kind} {w} workers: {res['per_s']:.1f} batches/s, main {res['main_cpu_ms']:.2f} ms "
                           f"CPU a batch, workers {res['workers_cpu_ms']:.2f}", flush=True)
@@ -234,6 +244,15 @@ def main():
     print("| kind | workers | batches/s | main CPU ms/batch | workers CPU ms/batch |\n|---|---|---|---|---|")
     for row in rows:
         print(f"| {row[0]} | {row[1]} | {row[2]} | {row[4]} | {row[5]} |")
+    # Ratios of medians over the rounds (each round's CPU is noisy on a shared machine).
+    main_cpu = {key: statistics.median(x["main_cpu_ms"] for x in results) for key, results in runs.items()}
+    for w in args.workers:
+        if w and ("concat", 0) in main_cpu and ("concat", w) in main_cpu:
+            print(f"concat, {w} workers: main CPU a batch {main_cpu[('concat', w)]:.3f} ms = "
+                  f"{main_cpu[('concat', w)] / main_cpu[('concat', 0)]:.1%} of the inline engine's {main_cpu[('concat', 0)]:.3f}")
+        if w and ("concat", w) in main_cpu and ("padded-long", w) in main_cpu:
+            print(f"{w} workers: main CPU a batch, 41 MB padded over 3.7 MB concat: "
+                  f"{main_cpu[('padded-long', w)] / main_cpu[('concat', w)]:.2f}x")
     if args.svg != "-":
         import matplotlib
 

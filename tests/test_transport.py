@@ -60,9 +60,27 @@ def test_batches_are_views_of_shared_memory_equal_to_inline(tmp_path, packing):
 
 
 @settings(max_examples=12, deadline=None)
-@given(keep=st.lists(st.booleans(), min_size=30, max_size=30), workers=st.integers(0, 3), prefetch=st.integers(0, 3))
+def kept(batch, how):
+    """What a caller keeps of ``batch``: all of it, one field, a view of two rows, a memoryview."""
+    if how == "batch":
+        return batch
+    if how == "field":
+        return {"loss_mask": batch["loss_mask"]}
+    if how == "rows":
+        return {"input_ids": batch["input_ids"][1:3]}
+    return {"segment_ids": memoryview(batch["segment_ids"])}
+
+
+def same_kept(part, batch, how):
+    return all(np.array_equal(np.asarray(v), kept(batch, how)[k]) for k, v in part.items())
+
+
+@given(keep=st.lists(st.sampled_from([None, "batch", "field", "rows", "memoryview"]), min_size=30, max_size=30),
+       workers=st.integers(0, 3), prefetch=st.integers(0, 3))
 def test_a_held_batch_is_never_overwritten(tmp_path_factory, keep, workers, prefetch):
-    # (0 workers: the batches are collated in this process, into its own reused blocks: small ones too, here)
+    # (0 workers: the batches are collated in this process, into its own reused blocks: small ones too, here.
+    # With workers a block hands out the same array objects again once nothing else refers to them:
+    # a view or a memoryview of one field must hold the block as the whole batch does.)
     path = tmp_path_factory.mktemp("held") / "c.bin"
     docs = corpus(path, tokens=60_000)
     loader = pl.DataLoader(docs, global_batch_size=4, seq_len=256, packing="concat", num_workers=workers,
@@ -77,10 +95,11 @@ def test_a_held_batch_is_never_overwritten(tmp_path_factory, keep, workers, pref
             b = next(it)
             assert same(b, ref[step])
             if k:
-                held[step] = b
+                held[step] = kept(b, k)
+            del b
         maps = batch_maps() - before
-    for step, b in held.items():  # read after the others were served (and the engine closed)
-        assert same(b, ref[step]), step
+    for step, part in held.items():  # read after the others were served (and the engine closed)
+        assert same_kept(part, ref[step], keep[step]), step
     # Blocks the caller dropped are reused: the pool stays at prefetch + 2 a worker, plus what is held.
     assert maps <= workers * (max(1, prefetch) + 2) + len(held)
 
@@ -101,6 +120,24 @@ def test_without_workers_a_batchs_memory_is_reused(tmp_path_factory, prefetch):
         faults = (resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before) / 50
     # A fresh allocation a batch faults in each of its pages when it is written; a reused one, none.
     assert faults < pages / 10, (faults, pages)
+
+
+def test_a_block_served_in_another_layout_stays_held_by_the_old_arrays():
+    from portable_loader.engine.blocks import Layout, Pool
+    fields = ("input_ids", "loss_mask")
+    pool = Pool(keep=2)
+    big, small = Layout.of(4, 8, fields), Layout.of(2, 8, fields)
+    block, _ = pool.take(big.size)
+    pool.done(block)
+    old = pool.arrays(block, big)["loss_mask"]
+    old[:] = 7
+    assert block.held()
+    assert pool.arrays(block, small)["loss_mask"].shape == (2, 8)   # the batch size changed (a schedule)
+    assert block.held()   # ``old`` is not among the arrays the block keeps now, and still views it
+    assert pool.take(big.size)[0] is not block
+    del old
+    assert not block.held()
+    pool.close()
 
 
 def test_memory_is_bounded_and_freed(tmp_path):

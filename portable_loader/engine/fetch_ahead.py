@@ -133,6 +133,11 @@ class FetchAhead:
         """The real tokens per row of the batch just returned, where the engine knows them (workers)."""
         return getattr(self.engine, "row_tokens", None)
 
+    @property
+    def tokens(self) -> int:
+        """Their sum."""
+        return self.engine.tokens
+
     def next(self):
         batch, cursor = self.engine.next()
         self._consumed = self._position(cursor)

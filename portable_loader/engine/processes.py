@@ -72,7 +72,9 @@ def _worker_main(chan, parent: int, forked_from_main: bool, index: int, work) ->
                     raise ValueError(f"a batch of {sorted(batch)} does not have the layout of {spec.fields} x "
                                      f"[{rows_n}, {spec.seq_len}]")
                 real = batch["attention_mask"] if "attention_mask" in batch else batch["segment_ids"]
-                value = np.count_nonzero(real, axis=1).astype(np.int32)  # the loader's stats, counted here
+                # the loader's stats, counted here; raw bytes unpickle in ~1 µs, an array in ~10
+                per_row = np.count_nonzero(real, axis=1).astype(np.int32)
+                value = (per_row.tobytes(), int(per_row.sum()))
                 del batch, real
             reply = (key, "ok", value)
         except BaseException as e:  # noqa: BLE001
@@ -100,6 +102,7 @@ class ProcessEngine:
         self._ahead = self._pack = None
         self._ended = False
         self.row_tokens = None  # real tokens per row of the batch last returned, counted by its worker
+        self.tokens = 0  # their sum
         n = spec.num_workers
         hook_last()
         self._procs, self._chans = [], []
@@ -185,7 +188,7 @@ class ProcessEngine:
             self.close()
             raise WorkerError(value)
         batch = self._pools[w].arrays(block, layout)
-        self.row_tokens = value
+        self.row_tokens, self.tokens = np.frombuffer(value[0], dtype=np.int32), value[1]
         if self._ahead is not None:
             self._ahead.served(cursor)
         self._fill()
