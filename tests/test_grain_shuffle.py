@@ -2,13 +2,15 @@
 
 Oracle: real Grain 0.2.18, element for element, over random sizes, seeds (up to ``2**32 - 1``, where
 the per-epoch seed wraps), rounds and epochs. The one place where ours differs on purpose: at
-sizes where Grain's cipher block is a bit short (``max_index`` an even power of two from ``2**16``)
+sizes where Grain's cipher block is a bit short (``max_index`` an even power of two from ``2**16``,
+or a few above a power of two past ``2**48``, where the float's ``log2`` rounds down)
 Grain's epoch reads a record twice and another never; ours equals Grain's at every other position
 and keeps each record once. A state saved when shuffles had the LCG order is refused.
 """
 
 from __future__ import annotations
 
+import math
 import grain
 import numpy as np
 import pytest
@@ -25,8 +27,10 @@ seeds = st.one_of(st.integers(0, 2**32 - 1), st.integers(2**32 - 4, 2**32 - 1), 
 
 
 def short_block(max_index: int) -> bool:
-    """Grain's block is a bit short here (its ceil(log2) of a power of two): it reads a record twice."""
-    return max_index >= 2**16 and max_index & (max_index - 1) == 0
+    """Grain's block is a bit short here: its ``ceil(log2)`` of the float rounds down (a power of two,
+    or within a few of one above ``2**48``), and it reads a record twice."""
+    bits = math.ceil(math.log2(float(max_index))) if max_index > 1 else 0
+    return max_index >= 2**16 and max_index >= 2 ** (bits + bits % 2)
 
 
 # Every size class: the 16-bit block's tabulated range (below 2**14), cycle walking in a block up to
@@ -101,6 +105,17 @@ def test_where_grains_epoch_repeats_a_record_ours_keeps_every_record(n):
     assert len(set(want)) == n - 1  # Grain: one record twice, one never
     assert got[:-1] == want[:-1] and got[-1] == n - 1 and sorted(got) == list(range(n))
     assert pg.experimental.index_shuffle(n - 1, n - 1, 3, 4) == n - 1
+
+
+
+@pytest.mark.parametrize("extra", [1, 11])
+def test_above_2_48_where_the_float_log2_rounds_down_ours_keeps_the_indices_past_grains_block(extra):
+    max_index = 2**52 + extra   # log2 of the double is exactly 52.0: Grain's block has 2**52 indices
+    inside = np.random.default_rng(extra).integers(0, 2**52, 30).tolist() + [0, 2**52 - 1]
+    assert [pg.experimental.index_shuffle(i, max_index, 7, 4) for i in inside] == \
+        [real_index_shuffle.index_shuffle(i, max_index, 7, 4) for i in inside]
+    past = list(range(2**52, max_index + 1))
+    assert [pg.experimental.index_shuffle(i, max_index, 7, 4) for i in past] == past
 
 
 # --- states saved when shuffles had the LCG order ------------------------------------------------
