@@ -150,6 +150,8 @@ def ledger_starts(timeout=120) -> list:
                 return ray.get(ray.get_actor(names[0]).read.remote(0), timeout=10)
             except (ValueError, ray.exceptions.RayActorError):  # ended between the listing and the call
                 pass
+            except ray.exceptions.GetTimeoutError:  # a loaded machine: ask again until the deadline
+                pass
         time.sleep(0.05)
     return []
 
