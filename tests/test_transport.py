@@ -59,7 +59,6 @@ def test_batches_are_views_of_shared_memory_equal_to_inline(tmp_path, packing):
     assert all(same(a, b) for a, b in zip(ref, got))
 
 
-@settings(max_examples=12, deadline=None)
 def kept(batch, how):
     """What a caller keeps of ``batch``: all of it, one field, a view of two rows, a memoryview."""
     if how == "batch":
@@ -75,6 +74,7 @@ def same_kept(part, batch, how):
     return all(np.array_equal(np.asarray(v), kept(batch, how)[k]) for k, v in part.items())
 
 
+@settings(max_examples=12, deadline=None)
 @given(keep=st.lists(st.sampled_from([None, "batch", "field", "rows", "memoryview"]), min_size=30, max_size=30),
        workers=st.integers(0, 3), prefetch=st.integers(0, 3))
 def test_a_held_batch_is_never_overwritten(tmp_path_factory, keep, workers, prefetch):

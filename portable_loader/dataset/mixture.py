@@ -435,6 +435,7 @@ class Mix(Dataset):
         return self._collate_rows if all(c.collate_rows is not None for c in self.children) else None
 
     def _collate_rows(self, rows, seq_len: int, pad_id: int = 0, fields=None) -> dict[str, np.ndarray]:
+        rows = rows if type(rows) is list else list(rows)  # indexed per row below: a plain list's lookups
         full = [r for r, row in enumerate(rows) if row]
         parts = []
         with collating_into(None):  # the parts in memory of their own: the batch is what a worker's block holds

@@ -181,6 +181,7 @@ class ConcatWindows(Dataset):
         if seq_len != self.seq_len:
             raise ValueError(f"these windows hold {self.seq_len} tokens, not seq_len={seq_len}")
         fields = fields if fields in _CHECKED else check_fields(fields)
+        rows = rows if type(rows) is list else list(rows)  # indexed per row below: a plain list's lookups
         n, L = len(rows), self.seq_len
         full = [r for r, row in enumerate(rows) if row]
         # Every element of a batch of full rows is written below: only padding rows need the fill.

@@ -73,7 +73,7 @@ def _worker_main(chan, parent: int, forked_from_main: bool, index: int, work) ->
                                      f"[{rows_n}, {spec.seq_len}]")
                 real = batch["attention_mask"] if "attention_mask" in batch else batch["segment_ids"]
                 # the loader's stats, counted here; raw bytes unpickle in ~1 µs, an array in ~10
-                per_row = np.count_nonzero(real, axis=1).astype(np.int32)
+                per_row = np.array(list(map(np.count_nonzero, real)), dtype=np.int32)  # (axis=1 is 2x slower)
                 value = (per_row.tobytes(), int(per_row.sum()))
                 del batch, real
             reply = (key, "ok", value)
