@@ -208,6 +208,10 @@ def main():
     parser.add_argument("--kinds", nargs="+",
                         default=["concat", "packed", "padded-long", "tokenized", "map", "torch", "grain", "grain-map"])
     args = parser.parse_args()
+    epoch = args.tokens // SEQ // BATCH  # batches in one epoch of the peers' windows (they stop there)
+    if {"torch", "grain"} & set(args.kinds) and args.steps + 1 > epoch:
+        parser.error(f"--tokens {args.tokens:,} holds {epoch} batches of windows: the peers' epoch ends before "
+                     f"--steps {args.steps}; raise --tokens to {(args.steps + 1) * SEQ * BATCH:,} or more")
     print(f"machine: {machine()}", flush=True)
     with tempfile.TemporaryDirectory() as tmp:
         path = os.path.join(tmp, "corpus.bin")
