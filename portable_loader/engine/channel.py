@@ -42,6 +42,7 @@ __all__ = ["Channel", "pair"]
 
 _HEADER = struct.Struct("<QI")
 _MAX_FDS = 16
+_SPACE = socket.CMSG_SPACE(_MAX_FDS * array.array("i").itemsize)
 
 
 def pair() -> tuple["Channel", "Channel"]:
@@ -70,7 +71,14 @@ class Channel:
 
     def send_bytes(self, payload: bytes, fds=()) -> None:
         head = _HEADER.pack(len(payload), len(fds))
-        ancillary = [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))] if fds else []
+        if not fds:  # most messages: no ancillary data to build
+            if len(payload) < 65536:
+                self.sock.sendall(head + payload)
+            else:  # large: not copied into one buffer
+                self.sock.sendall(head)
+                self.sock.sendall(payload)
+            return
+        ancillary = [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))]
         data = memoryview(head + payload) if len(payload) < 65536 else None
         if data is None:  # large: the header with the descriptors first, then the payload as it is
             self._sendall(memoryview(head), ancillary)
@@ -96,9 +104,8 @@ class Channel:
     def recv_bytes(self) -> tuple[bytearray, list]:
         head = bytearray()
         fds: list = []
-        space = socket.CMSG_SPACE(_MAX_FDS * array.array("i").itemsize)
         while len(head) < _HEADER.size:
-            data, ancillary, _, _ = self.sock.recvmsg(_HEADER.size - len(head), space)
+            data, ancillary, _, _ = self.sock.recvmsg(_HEADER.size - len(head), _SPACE)
             if not data:
                 _close_all(fds)
                 raise EOFError("the other end closed")
@@ -110,7 +117,11 @@ class Channel:
                     fds.extend(got)
         size, _ = _HEADER.unpack(head)
         payload = bytearray(size)
-        view, at = memoryview(payload), 0
+        at = self.sock.recv_into(payload) if size else 0  # (all of a small message, mostly)
+        if size and not at:
+            _close_all(fds)
+            raise EOFError("the other end closed in the middle of a message")
+        view = memoryview(payload)
         while at < size:
             n = self.sock.recv_into(view[at:])
             if not n:

@@ -162,7 +162,7 @@ class ProcessEngine:
 
     def _receive(self, worker: int, key):
         """Worker ``worker``'s reply ``(kind, value)`` for ``key``; replies it sent before are kept."""
-        if (worker, key) in self._early:
+        if self._early and (worker, key) in self._early:
             return self._early.pop((worker, key))
         if not self._procs:
             raise WorkerError("the loader's workers were closed")
