@@ -137,6 +137,14 @@ def test_a_block_served_in_another_layout_stays_held_by_the_old_arrays():
     assert pool.take(big.size)[0] is not block
     del old
     assert not block.held()
+    # What a caller does to its arrays in place stays with them: the next batch has its own shape and flags.
+    first = pool.arrays(block, big)
+    first["input_ids"].shape = (-1,)
+    first["loss_mask"].flags.writeable = False
+    del first
+    again = pool.arrays(block, big)
+    assert again["input_ids"].shape == (4, 8) and again["loss_mask"].flags.writeable
+    del again
     pool.close()
 
 

@@ -9,9 +9,9 @@ mapping. The only bytes that travel are a task and a one-line answer.
 
 **Reuse, never overwrite.** Every array the parent hands out is made over the block's ``mmap``
 object, and every view of such an array keeps it referenced, so the mapping's reference count
-says whether anything of the trainer still holds a batch in it. The block keeps the arrays it
-handed out last, to hand the same objects out again (a view of one keeps that array referenced,
-so their reference counts say the same for them). A block goes to a new task only when nothing
+says whether anything of the trainer still holds a batch in it. The block keeps one array a field
+over its mapping and hands out views of those (a view keeps its array referenced, so their
+reference counts say the same for them). A block goes to a new task only when nothing
 but the block itself refers to either. A block still held when its worker needs one is *retired*: the pool forgets it
 (its memory lives on in the caller's arrays and is freed with the last of them) and makes a new
 one. So each worker's pool holds at most ``keep`` blocks, and whatever else exists is what the
@@ -192,15 +192,17 @@ class Pool:
     def arrays(self, block: Block, layout: Layout) -> dict[str, np.ndarray]:
         """The batch in ``block``: one array per field over the parent's mapping, no copy.
 
-        A block serves the same array objects again once nothing else refers to them (``held``):
-        making five arrays over a mapping was a tenth of the trainer's work a batch.
+        A block keeps its arrays over the mapping and hands out views of them, made again each time
+        nothing refers to them any more (``held``): making five arrays over a mapping was a tenth of
+        the trainer's work a batch, a view costs a sixth of one, and a caller that reshapes or
+        freezes its arrays in place changes its views, never the next batch's.
         """
         handed = block.handed
         if handed is None or handed[0] is not layout:
             shape, mm = (layout.rows, layout.seq_len), block.mm
             handed = block.handed = (layout, {name: np.ndarray(shape, dtype, buffer=mm, offset=at)
                                               for name, dtype, at in layout.fields})
-        return dict(handed[1])
+        return {name: a.view() for name, a in handed[1].items()}
 
     def close(self) -> None:
         for block in self.blocks:
