@@ -71,14 +71,7 @@ class Channel:
 
     def send_bytes(self, payload: bytes, fds=()) -> None:
         head = _HEADER.pack(len(payload), len(fds))
-        if not fds:  # most messages: no ancillary data to build
-            if len(payload) < 65536:
-                self.sock.sendall(head + payload)
-            else:  # large: not copied into one buffer
-                self.sock.sendall(head)
-                self.sock.sendall(payload)
-            return
-        ancillary = [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))]
+        ancillary = [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))] if fds else []
         data = memoryview(head + payload) if len(payload) < 65536 else None
         if data is None:  # large: the header with the descriptors first, then the payload as it is
             self._sendall(memoryview(head), ancillary)
@@ -117,11 +110,7 @@ class Channel:
                     fds.extend(got)
         size, _ = _HEADER.unpack(head)
         payload = bytearray(size)
-        at = self.sock.recv_into(payload) if size else 0  # (all of a small message, mostly)
-        if size and not at:
-            _close_all(fds)
-            raise EOFError("the other end closed in the middle of a message")
-        view = memoryview(payload)
+        view, at = memoryview(payload), 0
         while at < size:
             n = self.sock.recv_into(view[at:])
             if not n:
