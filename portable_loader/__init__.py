@@ -16,13 +16,13 @@ Example:
 
 from portable_loader.batch_size import BatchSchedule, rampup
 from portable_loader.cache import open_cache
-from portable_loader.dataset import Dataset, mix, pretokenized, source
-from portable_loader.dataset.tokenized import tokenized
+from portable_loader.corpora import pretokenized, tokenized
+from portable_loader.dataset import Dataset, mix, source
 from portable_loader.loader import DataLoader
 from portable_loader.errors import (BadRowError, CacheError, FilterError, InputError, PortableLoaderError,
                                    PositionOutOfRange, StateError, TokenizerError, WorkerError)
 from portable_loader.precache import cache_info, list_caches, precache, remove_cache
-from portable_loader.sampler import LCGSampler
+from portable_loader.orders.sampler import LCGSampler
 
 __all__ = [
     "BadRowError",

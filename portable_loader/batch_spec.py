@@ -75,7 +75,7 @@ class BatchSpec:
         shard-group order (``shuffle="shards"``); ``num_epochs`` other than the spec's for counting."""
         epochs = self.num_epochs if num_epochs is ... else num_epochs
         if self.shuffle == "shards":
-            from portable_loader.dataset.shard_order import ShardShuffle
+            from portable_loader.orders.shard_order import ShardShuffle
 
             return ShardShuffle(source.shard_rows, self.shuffle_shards, self.seed, num_epochs=epochs)
         return source.stream_order(self.seed, shuffle=self.shuffle, num_epochs=epochs)

@@ -39,7 +39,7 @@ from portable_loader.engine import start
 from portable_loader.lifecycle import Closing, close_at_exit
 from portable_loader.plan import Cursor, Planner, Served, ServedRows, served_by_source
 from portable_loader.step_plans import StepPlans
-from portable_loader.dataset.order import MixOrder
+from portable_loader.dataset.mix.order import MixOrder
 from portable_loader.state import STATE_VERSION, LoaderState, check_state, make_state, online_stages, parse_state
 
 __all__ = ["BatchSpec", "Closing", "DataLoader", "LoaderIterator", "LoaderOptions", "STATE_VERSION"]
@@ -50,7 +50,7 @@ _SERVED_KEPT = 256  # mixture steps whose records and tokens are counted per sou
 
 def _mixture(source):
     """The ``Mix`` a loader's source is (or maps over), else None."""
-    from portable_loader.dataset.mixture import Mix
+    from portable_loader.dataset.mix.mixture import Mix
 
     while source is not None and not isinstance(source, Mix):
         source = getattr(source, "parent", None)
@@ -256,7 +256,7 @@ class DataLoader:
             if overlong != "auto":
                 raise ValueError(f"overlong={overlong!r} does not apply to packing='concat': every window holds "
                                  "exactly seq_len tokens of the concatenated documents")
-            from portable_loader.dataset.windows import concat_windows
+            from portable_loader.corpora.windows import concat_windows
 
             source, packing, overlong = concat_windows(self.documents, int(seq_len)), False, "truncate"
         else:

@@ -32,7 +32,7 @@ Restoring one re-plans at most one window, O(W), never O(steps). Hosts cut the s
 different offsets, so their number never changes the stream.
 
 Example:
-    >>> from portable_loader.sampler import LCGSampler
+    >>> from portable_loader.orders.sampler import LCGSampler
     >>> p = Planner(LCGSampler(10, seed=0, num_epochs=1), 10, global_batch_size=4, seq_len=8)
     >>> rows, nxt = p.step(Cursor(0, 0, 0))
     >>> len(rows), nxt
@@ -51,9 +51,9 @@ import numpy as np
 from portable_loader.batch_size import BatchSchedule, as_schedule
 from portable_loader.collate import OVERLONG, Piece, count_rows, pack
 from portable_loader.errors import FilterError
-from portable_loader.keyed import KeyedPermutation
-from portable_loader.keyed import splitmix64 as _splitmix64
-from portable_loader.sampler import LCGSampler
+from portable_loader.orders.keyed import KeyedPermutation
+from portable_loader.orders.keyed import splitmix64 as _splitmix64
+from portable_loader.orders.sampler import LCGSampler
 
 if TYPE_CHECKING:  # the dataset package imports the planner's module
     from portable_loader.dataset.protocols import StreamOrder

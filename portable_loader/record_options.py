@@ -4,7 +4,7 @@ The tokenizer, the format and the options that change a record's tokens (``field
 ``max_length``, ``overlong``, ``chat_template``, ``eos_token``, ``on_bad_row``, ``transcript``)
 are checked once, here, and travel as this one value: ``pl.precache`` and ``pl.tokenized`` build it
 from their keyword options, the command line from its flags, and the build, its engines (local
-processes or Ray tasks) and :class:`~portable_loader.dataset.tokenized.Tokenized` take it and pass it
+processes or Ray tasks) and :class:`~portable_loader.corpora.tokenized.Tokenized` take it and pass it
 on. It names its own part of the cache key (:meth:`RecordOptions.key_parts`) and of a manifest's
 build options (:meth:`RecordOptions.config`), and makes the
 :class:`~portable_loader.tokenize.Formatter` that applies it (:meth:`RecordOptions.formatter`).

@@ -177,7 +177,7 @@ def online_stages(state: dict, loader) -> list:
         >>> online_stages({"weights": [[8, 256, [1, 0], 1, [3, 5]]]}, pl.DataLoader(m, global_batch_size=2, seq_len=4))
         [Stage(start=8, block=256, nums=(1, 0), den=1, base=(3, 5), online=True)]
     """
-    from portable_loader.dataset.order import Stage
+    from portable_loader.dataset.mix.order import Stage
 
     raw = state.get(_ONLINE_FIELD)
     if raw is None:

@@ -33,8 +33,8 @@ from benchlib import _figure, add_output_args, machine, write_svg, write_table  
 import portable_loader as pl  # noqa: E402
 from portable_loader.cache import FORMAT_VERSION, ShardWriter, write_manifest  # noqa: E402
 from portable_loader.cache.remote import upload_cache  # noqa: E402
-from portable_loader.dataset.shard_order import ShardShuffle  # noqa: E402
-from portable_loader.sampler import LCGSampler  # noqa: E402
+from portable_loader.orders.shard_order import ShardShuffle  # noqa: E402
+from portable_loader.orders.sampler import LCGSampler  # noqa: E402
 
 B, S = 8, 2048
 ROUNDS = 7

@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 import portable_loader as pl
 from portable_loader.batch_size import BatchSchedule, rampup
-from portable_loader.sampler import LCGSampler
+from portable_loader.orders.sampler import LCGSampler
 
 from test_loader import make_source
 

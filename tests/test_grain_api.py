@@ -117,7 +117,7 @@ def test_jax_is_imported_only_when_a_shard_by_jax_process_is_built():
 
 def test_map_dataset_is_our_dataset_and_the_iterators_are_the_dataset_layers():
     import portable_loader as pl
-    from portable_loader.dataset import iter_dataset, iter_iterator
+    from portable_loader.dataset.iter import dataset as iter_dataset, iterator as iter_iterator
 
     assert pg.MapDataset is pl.Dataset
     assert pg.IterDataset is iter_dataset.IterDataset and pg.DatasetIterator is iter_iterator.DatasetIterator

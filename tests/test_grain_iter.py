@@ -1,4 +1,4 @@
-"""The Grain-style ``IterDataset`` (portable_loader/dataset/iter_dataset.py) against real Grain, and our guarantees.
+"""The Grain-style ``IterDataset`` (portable_loader/dataset/iter/dataset.py) against real Grain, and our guarantees.
 
 Oracle: the same pipeline built with ``grain.MapDataset....to_iter_dataset()...`` (Grain 0.2.18)
 without worker processes, where Grain is deterministic: to_iter_dataset, map, filter,
@@ -29,9 +29,9 @@ from hypothesis import HealthCheck, assume, given, settings, strategies as st
 from conftest import canon, loader_processes, take
 from worker_fns import affine, fail_at_13, flaky_in_workers, jitter, not_mod, plus_index, write_marker
 from portable_loader.dataset import Dataset, source
-from portable_loader.dataset import iter_iterator as iterator_mod
-from portable_loader.dataset import mp_prefetch as mp_mod
-from portable_loader.dataset.iter_dataset import DatasetIterator, IterDataset, to_iter_dataset
+from portable_loader.dataset.iter import iterator as iterator_mod
+from portable_loader.dataset.iter import mp_prefetch as mp_mod
+from portable_loader.dataset.iter.dataset import DatasetIterator, IterDataset, to_iter_dataset
 from portable_loader.dataset.random_map import keyed
 from portable_loader.engine.threads import WorkerError
 from portable_loader.errors import StateError
@@ -484,7 +484,7 @@ def test_dataset_to_iter_dataset_is_this_module():
 # One pipeline, in a module that a child process and this one both import: a state travels between runs.
 _PIPELINE_MODULE = """
 import grain
-from portable_loader.dataset.iter_dataset import to_iter_dataset
+from portable_loader.dataset.iter.dataset import to_iter_dataset
 
 def build(workers=0):
     return (to_iter_dataset(range(10**6)).filter(lambda x: x % 3 != 1)
@@ -558,7 +558,7 @@ def test_grains_checkpoint_handler_saves_and_restores_our_iterator(tmp_path):
 @pytest.mark.parametrize("where", ["source", "after_batch"])
 def test_an_endless_stream_whose_filter_rejects_everything_raises_instead_of_hanging(monkeypatch, where):
     # Grain's iterator loops forever here; ours gives up after MAX_REJECTED rejections in a row.
-    from portable_loader.dataset import iter_runtime
+    from portable_loader.dataset.iter import runtime as iter_runtime
     from portable_loader.errors import FilterError
 
     monkeypatch.setattr(iter_runtime, "MAX_REJECTED", 500)

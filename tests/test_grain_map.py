@@ -513,7 +513,7 @@ def test_random_pipelines_equal_grains(n, plan):
 
 
 def test_to_iter_dataset_delegates():
-    pytest.importorskip("portable_loader.dataset.iter_dataset")
+    pytest.importorskip("portable_loader.dataset.iter.dataset")
     ds = MapDataset.range(8).filter(lambda x: x % 2)
     assert list(ds.to_iter_dataset()) == list(ds) == [1, 3, 5, 7]
 

@@ -1,5 +1,5 @@
 """``grain.experimental.DatasetOptions`` / ``WithOptionsIterDataset`` and ``get_next_index`` / ``set_next_index``
-(portable_loader/dataset/iter_options.py, iter_runtime.py) against real Grain 0.2.18.
+(portable_loader/dataset/iter/options.py, iter_runtime.py) against real Grain 0.2.18.
 
 Oracle: the same options and pipelines built with real Grain, without worker processes: the merged
 option values, which elements a pipeline yields before a filter's raise threshold stops it (and

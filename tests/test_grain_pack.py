@@ -1,4 +1,4 @@
-"""Packing as IterDataset steps (portable_loader/dataset/iter_pack.py, iter_concat_split.py) against real Grain.
+"""Packing as IterDataset steps (portable_loader/dataset/iter/pack.py, iter_concat_split.py) against real Grain.
 
 Oracle: the same pipeline built with ``grain.MapDataset.source(...).to_iter_dataset()`` and
 ``grain.experimental.FirstFitPackIterDataset`` / ``BestFitPackIterDataset`` /
@@ -455,7 +455,7 @@ def test_bad_elements_raise_a_value_error_naming_the_feature_where_grain_raises(
 
 
 def test_the_names_are_exported_and_documented():
-    from portable_loader.dataset import iter_concat_split, iter_pack
+    from portable_loader.dataset.iter import concat_split as iter_concat_split, pack as iter_pack
     from portable_loader.grain.experimental import (BestFitPackIterDataset, BOSHandling, ConcatThenSplitIterDataset,
                                                     FirstFitPackIterDataset)
 

@@ -1,4 +1,4 @@
-"""``grain.experimental.RepeatIterDataset`` (portable_loader/dataset/iter_repeat.py) against real Grain.
+"""``grain.experimental.RepeatIterDataset`` (portable_loader/dataset/iter/repeat.py) against real Grain.
 
 Oracle: Grain 0.2.18's ``RepeatIterDataset`` over the same pipeline (deterministic: no shuffle, no
 workers), so the elements must be equal, pass after pass. On top, what Grain's state lacks: a

@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 
 import portable_loader as pl
 from portable_loader import grain as pg
-from portable_loader.dataset.index_shuffle import ORDER
+from portable_loader.orders.index_shuffle import ORDER
 from portable_loader.errors import StateError
 
 seeds = st.one_of(st.integers(0, 2**32 - 1), st.integers(2**32 - 4, 2**32 - 1), st.integers(0, 3))

@@ -1,4 +1,4 @@
-"""``grain.experimental.WindowShuffleIterDataset`` (portable_loader/dataset/iter_window_shuffle.py) against real Grain.
+"""``grain.experimental.WindowShuffleIterDataset`` (portable_loader/dataset/iter/window_shuffle.py) against real Grain.
 
 Oracle: Grain 0.2.18's ``WindowShuffleIterDataset`` over the same input: the same elements in the
 same order (each window in Grain's shuffled order); on top, ours differs between windows and

@@ -13,7 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import portable_loader as pl
-from portable_loader.sampler import LCGSampler
+from portable_loader.orders.sampler import LCGSampler
 from portable_loader import collate as C
 from portable_loader.engine import WorkerError
 from conftest import loader_processes

@@ -13,8 +13,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import portable_loader as pl
-from portable_loader.dataset.mixture import DEFAULT_BLOCK
-from portable_loader.dataset.order import hamilton
+from portable_loader.dataset.mix.mixture import DEFAULT_BLOCK
+from portable_loader.dataset.mix.order import hamilton
 from portable_loader.errors import StateError
 
 

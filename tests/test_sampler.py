@@ -310,7 +310,7 @@ def test_position_past_end_of_finite_stream():
 @settings(max_examples=200, deadline=None)
 @given(st.integers(1, 2**40), st.integers(0, 2**64 - 1), st.integers(0, 2**20))
 def test_few_positions_in_python_integers_equal_the_numpy_path(n, seed, epoch):
-    from portable_loader.keyed import FEW, KeyedPermutation
+    from portable_loader.orders.keyed import FEW, KeyedPermutation
 
     perm = KeyedPermutation(n, seed, epoch)
     pos = np.unique(np.random.default_rng(seed % 1000).integers(0, n, 4 * FEW, dtype=np.int64))
@@ -329,8 +329,8 @@ def test_every_stream_order_keeps_the_written_contract():
 
     import portable_loader as pl
     from portable_loader.dataset.protocols import StreamOrder
-    from portable_loader.dataset.shard_order import ShardShuffle
-    from portable_loader.sampler import LCGSampler
+    from portable_loader.orders.shard_order import ShardShuffle
+    from portable_loader.orders.sampler import LCGSampler
 
     a = [{"input_ids": np.arange(1 + i % 5)} for i in range(37)]
     b = [{"input_ids": np.arange(2)} for _ in range(11)]

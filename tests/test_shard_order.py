@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 
 import portable_loader as pl
 from portable_loader.dataset import Dataset
-from portable_loader.dataset.shard_order import ShardShuffle
+from portable_loader.orders.shard_order import ShardShuffle
 from portable_loader.errors import StateError
 
 shard_rows = st.lists(st.integers(0, 25), min_size=1, max_size=24).filter(lambda r: sum(r) > 0)

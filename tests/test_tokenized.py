@@ -189,7 +189,7 @@ def test_windows_the_main_process_tokenizes_reach_workers_without_a_second_token
     import pickle
     import time
 
-    from portable_loader.dataset import spill
+    from portable_loader.corpora import spill
 
     ds = pl.tokenized(jsonl(tmp_path / "d.jsonl", ROWS), tokenizer=need(GPT2), format="text")
     fresh = pl.tokenized(tmp_path / "d.jsonl", tokenizer=need(GPT2), format="text")

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 import portable_loader as pl
-from portable_loader.dataset import spill
+from portable_loader.corpora import spill
 from portable_loader.tokenize import Formatter
 from conftest import DATA, GPT2, ROOT, need
 from test_many_files import jsonl
@@ -263,7 +263,7 @@ def test_a_wrapped_part_tokenized_by_one_worker_is_read_by_another_without_token
 
 
 def tokenized_inside(ds):
-    from portable_loader.dataset.tokenized import Tokenized
+    from portable_loader.corpora.tokenized import Tokenized
 
     if isinstance(ds, Tokenized):
         return [ds]

@@ -1,8 +1,12 @@
-"""Stateless random-access datasets: the one thing the loader consumes.
+"""The random-access layer: stateless datasets, the one thing the loader consumes.
 
 ``source(obj)`` wraps a cache, a Grain ``MapDataset``, a ``datasets.Dataset`` or a sequence of
 records; ``.map(fn)`` and ``.filter(pred)`` transform records lazily; ``mix({name: ds}, weights)`` mixes datasets by exact weights;
-``fingerprint()`` names the whole tree.
+``fingerprint()`` names the whole tree. Its subpackages are ``iter/`` (Grain's ``IterDataset`` layer)
+and ``mix/`` (weighted mixtures); token corpora live in ``portable_loader.corpora``, record orders in
+``portable_loader.orders``. Modules here import ``orders``, ``collate``, ``indexing`` and ``errors``
+at module level, never ``iter/``, the corpora or the loader: the fluent methods that build those
+(``to_iter_dataset``, ``mix``) import them when called.
 
 Example:
     >>> import numpy as np
@@ -13,10 +17,8 @@ Example:
 """
 
 from portable_loader.dataset.base import Dataset
-from portable_loader.dataset.mixture import Mix, mix
-from portable_loader.dataset.pretokenized import Pretokenized, pretokenized
+from portable_loader.dataset.mix.mixture import Mix, mix
 from portable_loader.dataset.sources import source
 from portable_loader.dataset.transforms import Filter, Map
-from portable_loader.dataset.tokenized import Tokenized, tokenized  # noqa: F401
 
-__all__ = ["Dataset", "Filter", "Map", "Mix", "Pretokenized", "Tokenized", "mix", "pretokenized", "source", "tokenized"]
+__all__ = ["Dataset", "Filter", "Map", "Mix", "mix", "source"]

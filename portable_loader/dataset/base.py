@@ -169,14 +169,14 @@ class Dataset(Capabilities):
         """The order the loader serves this dataset in: stream position -> index, keyed by ``seed``.
 
         A plain dataset is shuffled by the LCG sampler, a fresh permutation per epoch; a mixture
-        (:mod:`portable_loader.dataset.mixture`) brings its own order, which the loader must not shuffle.
+        (:mod:`portable_loader.dataset.mix.mixture`) brings its own order, which the loader must not shuffle.
 
         Example:
             >>> from portable_loader.dataset import source
             >>> sorted(source([{"input_ids": [1]}] * 4).stream_order(0).stream_indices(range(4)).tolist())
             [0, 1, 2, 3]
         """
-        from portable_loader.sampler import LCGSampler
+        from portable_loader.orders.sampler import LCGSampler
 
         return LCGSampler(len(self), seed=seed, shuffle=shuffle, num_epochs=num_epochs)
 
@@ -213,7 +213,7 @@ class Dataset(Capabilities):
 
     def __iter__(self):
         """The records in index order, skipping the None a filter leaves, as Grain's ``iter(MapDataset)``:
-        a :class:`~portable_loader.dataset.iter_iterator.DatasetIterator` of ``to_iter_dataset()``, so
+        a :class:`~portable_loader.dataset.iter.iterator.DatasetIterator` of ``to_iter_dataset()``, so
         it has ``get_state``/``set_state``; lazy, so an infinite (``repeat()``) dataset can be iterated too.
 
         Example:
@@ -254,7 +254,7 @@ class Dataset(Capabilities):
 
     @staticmethod
     def mix(datasets: Sequence, weights: Sequence[float] | None = None) -> "Dataset":
-        """``MapDataset.mix``: Grain's proportional interleaving, element for element (:mod:`~portable_loader.dataset.combine`).
+        """``MapDataset.mix``: Grain's proportional interleaving, element for element (:mod:`~portable_loader.dataset.mix.combine`).
 
         Its length is the longest for which no dataset is read past its end. (``pl.mix`` is the
         loader's exact-weight mixture of named sources, a different thing.)
@@ -263,7 +263,7 @@ class Dataset(Capabilities):
             >>> list(Dataset.mix([Dataset.range(5), Dataset.range(7, 10)]))
             [0, 7, 1, 8, 2, 9]
         """
-        from portable_loader.dataset.combine import mix_datasets
+        from portable_loader.dataset.mix.combine import mix_datasets
 
         return mix_datasets(datasets, weights)
 
@@ -275,7 +275,7 @@ class Dataset(Capabilities):
             >>> list(Dataset.concatenate([Dataset.range(3), Dataset.range(3, 5)]))
             [0, 1, 2, 3, 4]
         """
-        from portable_loader.dataset.combine import concatenate
+        from portable_loader.dataset.mix.combine import concatenate
 
         return concatenate(datasets)
 
@@ -287,7 +287,7 @@ class Dataset(Capabilities):
             >>> list(Dataset.select_from_datasets([Dataset.range(3), Dataset.range(10, 13)], [(1, 0), (0, 2)]))
             [10, 2]
         """
-        from portable_loader.dataset.combine import select_from_datasets
+        from portable_loader.dataset.mix.combine import select_from_datasets
 
         return select_from_datasets(datasets, selection_map)
 
@@ -428,8 +428,8 @@ class Dataset(Capabilities):
         return func(self, *args, **kwargs)
 
     def to_iter_dataset(self, read_options=None, *, allow_nones: bool = False):
-        """This dataset as a Grain-style ``IterDataset`` (:mod:`portable_loader.dataset.iter_dataset`)."""
-        from portable_loader.dataset.iter_dataset import to_iter_dataset
+        """This dataset as a Grain-style ``IterDataset`` (:mod:`portable_loader.dataset.iter.dataset`)."""
+        from portable_loader.dataset.iter.dataset import to_iter_dataset
 
         return to_iter_dataset(self, read_options, allow_nones=allow_nones)
 
@@ -597,8 +597,37 @@ def vars_of(obj) -> dict:
         return {}
 
 
+# A fingerprint names our classes by the module they were first released in: the folders were laid
+# out anew (docs/design.md, "Layout"), and states saved before that must still load.
+_FIRST_MODULE = {
+    "portable_loader.corpora.pretokenized": "portable_loader.dataset.pretokenized",
+    "portable_loader.corpora.spill": "portable_loader.dataset.spill",
+    "portable_loader.corpora.tokenized": "portable_loader.dataset.tokenized",
+    "portable_loader.corpora.windows": "portable_loader.dataset.windows",
+    "portable_loader.dataset.iter.concat_split": "portable_loader.dataset.iter_concat_split",
+    "portable_loader.dataset.iter.dataset": "portable_loader.dataset.iter_dataset",
+    "portable_loader.dataset.iter.flat_map": "portable_loader.dataset.iter_flat_map",
+    "portable_loader.dataset.iter.iterator": "portable_loader.dataset.iter_iterator",
+    "portable_loader.dataset.iter.mp_prefetch": "portable_loader.dataset.mp_prefetch",
+    "portable_loader.dataset.iter.ops": "portable_loader.dataset.iter_ops",
+    "portable_loader.dataset.iter.options": "portable_loader.dataset.iter_options",
+    "portable_loader.dataset.iter.pack": "portable_loader.dataset.iter_pack",
+    "portable_loader.dataset.iter.repeat": "portable_loader.dataset.iter_repeat",
+    "portable_loader.dataset.iter.runtime": "portable_loader.dataset.iter_runtime",
+    "portable_loader.dataset.iter.window_shuffle": "portable_loader.dataset.iter_window_shuffle",
+    "portable_loader.dataset.mix.combine": "portable_loader.dataset.combine",
+    "portable_loader.dataset.mix.mixture": "portable_loader.dataset.mixture",
+    "portable_loader.dataset.mix.order": "portable_loader.dataset.order",
+    "portable_loader.orders.index_shuffle": "portable_loader.dataset.index_shuffle",
+    "portable_loader.orders.keyed": "portable_loader.keyed",
+    "portable_loader.orders.sampler": "portable_loader.sampler",
+    "portable_loader.orders.shard_order": "portable_loader.dataset.shard_order",
+}
+
+
 def _qualified(obj) -> str:
-    return f"{getattr(obj, '__module__', None)}.{getattr(obj, '__qualname__', type(obj).__qualname__)}"
+    module = getattr(obj, "__module__", None)
+    return f"{_FIRST_MODULE.get(module, module)}.{getattr(obj, '__qualname__', type(obj).__qualname__)}"
 
 
 def _code(code: types.CodeType) -> tuple:

@@ -8,7 +8,7 @@ order), and nothing else. A new dataset or order implements these and is served 
 Example:
     >>> import numpy as np
     >>> from portable_loader.dataset import source
-    >>> from portable_loader.sampler import LCGSampler
+    >>> from portable_loader.orders.sampler import LCGSampler
     >>> isinstance(source([{"input_ids": np.arange(3)}]), RandomAccess), isinstance(LCGSampler(4, seed=0), StreamOrder)
     (True, True)
 """
@@ -152,7 +152,7 @@ class StreamOrder(Protocol):
     unevenly), which lets an error say a filter rejects every record.
 
     Example:
-        >>> from portable_loader.dataset.shard_order import ShardShuffle
+        >>> from portable_loader.orders.shard_order import ShardShuffle
         >>> order = ShardShuffle([2, 2], group=1, seed=3)
         >>> isinstance(order, StreamOrder), order.few([0, 1, 2, 3]) == order.stream_indices([0, 1, 2, 3]).tolist()
         (True, True)

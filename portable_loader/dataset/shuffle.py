@@ -2,7 +2,7 @@
 
 ``Dataset.shuffle`` is ``grain.MapDataset.shuffle``, so it reads what Grain's reads: index ``i`` is
 position ``i % n`` of epoch ``e = i // n``, permuted by Grain's ``index_shuffle`` keyed by
-``(seed + e) % 2**32`` (:mod:`portable_loader.dataset.index_shuffle`), so a run that switches from
+``(seed + e) % 2**32`` (:mod:`portable_loader.orders.index_shuffle`), so a run that switches from
 Grain sees the same records in the same order. The order is computed, never stored: a shuffle of a
 billion records costs a few integers, and any index is read in O(1). Over an endless ``repeat()``
 the one epoch is the whole ``sys.maxsize`` stream, as in Grain. The seed is an integer in
@@ -11,7 +11,7 @@ is a ``ValueError``. (Where Grain's own shuffle reads a record twice in an epoch
 ``2**16 + 1``, ``2**18 + 1``, ... records, this one keeps every record once: the module above says how.)
 
 The loader's own sampler (``pl.DataLoader`` over a source) is the LCG order of
-:mod:`portable_loader.sampler`, not this one.
+:mod:`portable_loader.orders.sampler`, not this one.
 
 Example:
     >>> from portable_loader.dataset import Dataset
@@ -26,7 +26,7 @@ import numbers
 
 import numpy as np
 
-from portable_loader.dataset.index_shuffle import ORDER, EpochShuffle
+from portable_loader.orders.index_shuffle import ORDER, EpochShuffle
 from portable_loader.dataset.remap import Remap
 from portable_loader.dataset.seeds import default_seed
 

@@ -111,8 +111,8 @@ def apply_transformations(ds: Dataset, transformations) -> Dataset:
 def _flat_map(ds, transform):
     # Imported here: both modules build on this one's datasets.
     from portable_loader.dataset.flat_map import FlatMapMapDataset
-    from portable_loader.dataset.iter_dataset import IterDataset
-    from portable_loader.dataset.iter_flat_map import FlatMapIterDataset
+    from portable_loader.dataset.iter.dataset import IterDataset
+    from portable_loader.dataset.iter.flat_map import FlatMapIterDataset
 
     return FlatMapIterDataset(ds, transform) if isinstance(ds, IterDataset) else FlatMapMapDataset(ds, transform)
 

@@ -1,7 +1,7 @@
 """Grain's ``WindowShuffleMapDataset``: each window of ``window_size`` consecutive records in a keyed order.
 
 Record ``i`` stays within its window ``[w * window_size, (w + 1) * window_size)`` (the last window
-may be shorter); inside it the order is the LCG permutation (:mod:`portable_loader.sampler`) keyed
+may be shorter); inside it the order is the LCG permutation (:mod:`portable_loader.orders.sampler`) keyed
 by ``(seed, epoch, w)``, so every epoch (an index past ``len`` reads a later one, as everywhere in
 Grain) and every window has an order of its own. Grain uses another permutation (its
 ``index_shuffle`` over the whole window size, keyed by ``seed + w``), so the order differs; where
@@ -24,14 +24,14 @@ import numbers
 import numpy as np
 
 from portable_loader.dataset.remap import Remap
-from portable_loader.keyed import splitmix64
+from portable_loader.orders.keyed import splitmix64
 
 __all__ = ["WindowShuffle"]
 
 
 @functools.lru_cache(maxsize=64)
 def _permutation(n: int, key: int):
-    from portable_loader.sampler import LCGSampler
+    from portable_loader.orders.sampler import LCGSampler
 
     return LCGSampler(n, seed=key)
 

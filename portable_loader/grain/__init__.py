@@ -28,8 +28,8 @@ Example:
 """
 
 from portable_loader.dataset.base import Dataset as MapDataset
-from portable_loader.dataset.iter_dataset import IterDataset
-from portable_loader.dataset.iter_iterator import DatasetIterator
+from portable_loader.dataset.iter.dataset import IterDataset
+from portable_loader.dataset.iter.iterator import DatasetIterator
 from portable_loader.grain import (checkpoint, constants, experimental, multiprocessing, samplers, sharding, sources,
                                    transforms)
 from portable_loader.grain._unsupported import forward

@@ -30,7 +30,7 @@ from portable_loader.dataset.base import Dataset, as_indices, function_identity
 from portable_loader.dataset.batch import stack
 from portable_loader.dataset.flat_map import flat_map_function, pieces_of
 from portable_loader.dataset.remap import over_reopened_parent
-from portable_loader.dataset.iter_flat_map import FlatMapIterDataset
+from portable_loader.dataset.iter.flat_map import FlatMapIterDataset
 from portable_loader.grain.transforms import kind_of
 
 __all__ = ["Rec", "StreamRecords", "apply_operation", "check_operation", "data_of", "operation_identity"]

@@ -46,7 +46,7 @@ import sys
 from typing import Optional, Sequence
 
 from portable_loader.dataset.base import Dataset, digest
-from portable_loader.dataset.iter_iterator import DatasetIterator
+from portable_loader.dataset.iter.iterator import DatasetIterator
 from portable_loader.grain import sharding as sharding_mod
 from portable_loader.grain._pipeline import StreamRecords, apply_operation, data_of, operation_identity
 from portable_loader.grain._state import encode, make_state, read_state

@@ -21,7 +21,7 @@ Two ways to get there, chosen by ``ds``:
   workers: their CPU time): what a filter or a packer must pay to agree, without talking, on
   where each global batch ends.
 
-The state is a ``DatasetIterator`` state (a small JSON dict; :mod:`portable_loader.dataset.iter_iterator`):
+The state is a ``DatasetIterator`` state (a small JSON dict; :mod:`portable_loader.dataset.iter.iterator`):
 its fingerprint names ``ds`` only, not the shard, the batch size, the workers or the read options.
 
 Example:
@@ -48,8 +48,8 @@ import numpy as np
 
 from portable_loader.dataset.base import Dataset
 from portable_loader.dataset.batch import stack
-from portable_loader.dataset.iter_dataset import IterDataset, to_iter_dataset
-from portable_loader.dataset.iter_runtime import OverChild
+from portable_loader.dataset.iter.dataset import IterDataset, to_iter_dataset
+from portable_loader.dataset.iter.runtime import OverChild
 from portable_loader.grain.options import ReadOptions
 from portable_loader.grain.sharding import shard_of
 

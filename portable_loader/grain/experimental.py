@@ -1,14 +1,14 @@
 """``grain.experimental``: packing, flat maps, ``ElasticIterator``, ``index_shuffle`` (Grain's), ``batch_and_pad``, ``apply_transformations``, transform aliases.
 
-Packing: ``FirstFitPackIterDataset``, ``BestFitPackIterDataset`` (portable_loader/dataset/iter_pack.py)
-and ``ConcatThenSplitIterDataset`` with ``BOSHandling`` (portable_loader/dataset/iter_concat_split.py):
+Packing: ``FirstFitPackIterDataset``, ``BestFitPackIterDataset`` (portable_loader/dataset/iter/pack.py)
+and ``ConcatThenSplitIterDataset`` with ``BOSHandling`` (portable_loader/dataset/iter/concat_split.py):
 Grain's elements, and a state that is a position (docs/grain.md says where they differ).
 Flat maps: ``FlatMapMapDataset`` (portable_loader/dataset/flat_map.py) and ``FlatMapIterDataset``
-(portable_loader/dataset/iter_flat_map.py), Grain's elements. ``RepeatIterDataset``
-(portable_loader/dataset/iter_repeat.py): Grain's passes, a position state. ``WindowShuffleIterDataset``
-(portable_loader/dataset/iter_window_shuffle.py): Grain's windows in Grain's order. ``ElasticIterator``
+(portable_loader/dataset/iter/flat_map.py), Grain's elements. ``RepeatIterDataset``
+(portable_loader/dataset/iter/repeat.py): Grain's passes, a position state. ``WindowShuffleIterDataset``
+(portable_loader/dataset/iter/window_shuffle.py): Grain's windows in Grain's order. ``ElasticIterator``
 (portable_loader/grain/elastic.py): Grain's global batches per shard, and it takes filters and
-packing too. ``DatasetOptions``, ``WithOptionsIterDataset`` (portable_loader/dataset/iter_options.py):
+packing too. ``DatasetOptions``, ``WithOptionsIterDataset`` (portable_loader/dataset/iter/options.py):
 Grain's options and their filter checks. ``get_next_index`` / ``set_next_index``: where the index
 is arithmetic.
 
@@ -38,13 +38,13 @@ import numpy as np
 
 from portable_loader.dataset.batch import _tree_map, stack
 from portable_loader.dataset.flat_map import FlatMapMapDataset
-from portable_loader.dataset.index_shuffle import IndexShuffle
-from portable_loader.dataset.iter_concat_split import BOSHandling, ConcatThenSplitIterDataset
-from portable_loader.dataset.iter_flat_map import FlatMapIterDataset
-from portable_loader.dataset.iter_options import DatasetOptions, ExecutionTrackingMode, WithOptionsIterDataset
-from portable_loader.dataset.iter_pack import BestFitPackIterDataset, FirstFitPackIterDataset
-from portable_loader.dataset.iter_repeat import RepeatIterDataset
-from portable_loader.dataset.iter_window_shuffle import WindowShuffleIterDataset
+from portable_loader.orders.index_shuffle import IndexShuffle
+from portable_loader.dataset.iter.concat_split import BOSHandling, ConcatThenSplitIterDataset
+from portable_loader.dataset.iter.flat_map import FlatMapIterDataset
+from portable_loader.dataset.iter.options import DatasetOptions, ExecutionTrackingMode, WithOptionsIterDataset
+from portable_loader.dataset.iter.pack import BestFitPackIterDataset, FirstFitPackIterDataset
+from portable_loader.dataset.iter.repeat import RepeatIterDataset
+from portable_loader.dataset.iter.window_shuffle import WindowShuffleIterDataset
 from portable_loader.dataset.transforms import apply_transformations
 from portable_loader.dataset.window_shuffle import WindowShuffle as WindowShuffleMapDataset
 from portable_loader.grain._unsupported import refused
@@ -99,7 +99,7 @@ def _permutation(max_index: int, seed: int, rounds: int) -> IndexShuffle:
 def index_shuffle(index: int, max_index: int, seed: int, rounds: int) -> int:
     """Grain's ``index_shuffle``: the image of ``index`` under a keyed bijection of ``[0, max_index]`` (both ends included).
 
-    The same function as Grain 0.2.18's (:mod:`portable_loader.dataset.index_shuffle`: its Feistel
+    The same function as Grain 0.2.18's (:mod:`portable_loader.orders.index_shuffle`: its Feistel
     cipher, its keys from ``seed`` and ``rounds``, its cycle walking), with the same checks, except
     where Grain's loses records (``max_index`` an even power of two from ``2**16``: there index
     ``max_index`` maps to itself here, where Grain's repeats another index's image).
@@ -211,7 +211,7 @@ def get_element_spec(ds) -> Any:
         {'ids': ShapeDtypeStruct(shape=(2, 3), dtype=dtype('int32'))}
     """
     from portable_loader.dataset.base import Dataset
-    from portable_loader.dataset.iter_dataset import IterDataset
+    from portable_loader.dataset.iter.dataset import IterDataset
 
     if isinstance(ds, Dataset):
         ds = ds.to_iter_dataset()

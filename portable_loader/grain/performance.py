@@ -72,7 +72,7 @@ def _mean_mb(datasets: list, samples: int) -> float:
 
 def _unbatched(ds) -> list:
     """The datasets that feed ``to_iter_dataset`` in ``ds``: their elements are what a read-ahead buffer holds."""
-    from portable_loader.dataset.iter_dataset import _SourceNode
+    from portable_loader.dataset.iter.dataset import _SourceNode
 
     if isinstance(ds, _SourceNode):
         return [ds.ds]

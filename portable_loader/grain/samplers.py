@@ -3,7 +3,7 @@
 A sampler names the record at each position of one global stream: ``sampler[i].record_key``.
 Unshuffled, the order is Grain's exactly (``i % num_records`` epoch after epoch). Shuffled, it is
 Grain's too: epoch ``e`` is Grain's ``index_shuffle`` permutation keyed by ``(seed + e) % 2**32``
-(:mod:`portable_loader.dataset.index_shuffle`; Grain's ``IndexSampler`` shuffles a ``range`` with
+(:mod:`portable_loader.orders.index_shuffle`; Grain's ``IndexSampler`` shuffles a ``range`` with
 ``MapDataset.shuffle``), in O(1) memory, so an unsharded run reads Grain's records in Grain's
 order. Sharding is not the
 sampler's business here: ``DataLoader`` hands shard ``k`` of ``K`` the positions ``k, k + K, ...``
@@ -28,11 +28,11 @@ from typing import Optional, Protocol
 
 import numpy as np
 
-from portable_loader.dataset.index_shuffle import ORDER, EpochShuffle
+from portable_loader.orders.index_shuffle import ORDER, EpochShuffle
 from portable_loader.errors import PositionOutOfRange
 from portable_loader.grain import sharding
 from portable_loader.grain.records import RecordMetadata
-from portable_loader.sampler import LCGSampler
+from portable_loader.orders.sampler import LCGSampler
 
 __all__ = ["IndexSampler", "Sampler", "SequentialSampler", "stream_order"]
 

@@ -196,7 +196,7 @@ def _record(args) -> RecordOptions:
 
 def _check(args) -> int:
     """``--check``: what a build would report, with no cache written (and the first bad row as the error)."""
-    from portable_loader.dataset.tokenized import Tokenized
+    from portable_loader.corpora.tokenized import Tokenized
     from portable_loader.io import open_inputs
 
     t0 = time.perf_counter()

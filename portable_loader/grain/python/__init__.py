@@ -18,8 +18,8 @@ Example:
 """
 
 from portable_loader.dataset.base import Dataset as MapDataset
-from portable_loader.dataset.iter_dataset import IterDataset
-from portable_loader.dataset.iter_iterator import DatasetIterator
+from portable_loader.dataset.iter.dataset import IterDataset
+from portable_loader.dataset.iter.iterator import DatasetIterator
 from portable_loader.grain.checkpoint import CheckpointHandler as PyGrainCheckpointHandler
 from portable_loader.grain.constants import DATASET_INDEX, EPOCH, INDEX, META_FEATURES, RECORD, RECORD_KEY, SEED
 from portable_loader.grain.data_loader import DataLoader

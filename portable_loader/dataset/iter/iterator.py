@@ -1,6 +1,6 @@
 """The iterator of an ``IterDataset``: Grain's ``DatasetIterator`` API with a state that is a stream position.
 
-``iter(ds)`` compiles the pipeline into its running parts (:mod:`portable_loader.dataset.iter_runtime`)
+``iter(ds)`` compiles the pipeline into its running parts (:mod:`portable_loader.dataset.iter.runtime`)
 and wraps them in a :class:`DatasetIterator`. Its state (``get_state()``) is a JSON dict of fixed
 size:
 
@@ -17,7 +17,7 @@ size:
   windows fully emitted), which Grain code reads: derived from the cursor and checked against it.
 
 Example:
-    >>> from portable_loader.dataset.iter_dataset import to_iter_dataset
+    >>> from portable_loader.dataset.iter.dataset import to_iter_dataset
     >>> it = iter(to_iter_dataset(range(100)).filter(lambda x: x % 2).map_with_index(lambda i, x: (i, x)))
     >>> next(it), next(it)
     ((0, 1), (1, 3))
@@ -35,12 +35,12 @@ import types
 from collections.abc import Mapping
 
 from portable_loader.dataset.base import digest
-from portable_loader.dataset.iter_dataset import (IterDataset, _BatchNode, _MixNode, _OpNode, _PrefetchNode, _SeedNode,
+from portable_loader.dataset.iter.dataset import (IterDataset, _BatchNode, _MixNode, _OpNode, _PrefetchNode, _SeedNode,
                                                   _SourceNode)
-from portable_loader.dataset.iter_ops import Segment
-from portable_loader.dataset.iter_options import (DatasetOptions, IteratorContext, WithOptionsIterDataset,
+from portable_loader.dataset.iter.ops import Segment
+from portable_loader.dataset.iter.options import (DatasetOptions, IteratorContext, WithOptionsIterDataset,
                                                   pipeline_options)
-from portable_loader.dataset.iter_runtime import (BatchIter, InlineExec, MixIter, OpIter, SourceIter, next_index,
+from portable_loader.dataset.iter.runtime import (BatchIter, InlineExec, MixIter, OpIter, SourceIter, next_index,
                                                   set_next_index)
 from portable_loader.errors import StateError
 from portable_loader.lifecycle import Closing, close_at_exit
@@ -73,13 +73,13 @@ def _compile(root: IterDataset, options: DatasetOptions | None = None):
         if isinstance(node, _PrefetchNode):
             if node.num_workers == 0:
                 return build(node._parent, pool)
-            from portable_loader.dataset.mp_prefetch import WorkerPool
+            from portable_loader.dataset.iter.mp_prefetch import WorkerPool
 
             pool = WorkerPool(node.num_workers, node.buffer, node.worker_init_fn)
             return seal(build(node._parent, pool))  # what follows runs here, as in Grain
         if isinstance(node, _SourceNode):
             if pool is not None:
-                from portable_loader.dataset.mp_prefetch import PoolExec
+                from portable_loader.dataset.iter.mp_prefetch import PoolExec
 
                 executor = PoolExec(pool)
             else:
@@ -121,7 +121,7 @@ class DatasetIterator(Closing):
 
     Example:
         >>> import json
-        >>> from portable_loader.dataset.iter_dataset import to_iter_dataset
+        >>> from portable_loader.dataset.iter.dataset import to_iter_dataset
         >>> ds = to_iter_dataset(range(10**8)).map(lambda x: x * 2)
         >>> with iter(ds) as it:
         ...     it.set_state(json.loads(json.dumps({**it.get_state(), "cursor": {"0.source.position": "%020d" % 10**7}})))
@@ -174,7 +174,7 @@ class DatasetIterator(Closing):
         """The stream position after the last element returned, as a small JSON-serializable dict.
 
         Example:
-            >>> from portable_loader.dataset.iter_dataset import to_iter_dataset
+            >>> from portable_loader.dataset.iter.dataset import to_iter_dataset
             >>> it = iter(to_iter_dataset(range(5)).filter(lambda x: x > 2))
             >>> next(it), it.get_state()["cursor"]
             (3, {'0.source.position': '00000000000000000004'})
@@ -194,7 +194,7 @@ class DatasetIterator(Closing):
         """Continue from ``state`` (from ``get_state``, at any worker count); refused unless it is this pipeline's.
 
         Example:
-            >>> from portable_loader.dataset.iter_dataset import to_iter_dataset
+            >>> from portable_loader.dataset.iter.dataset import to_iter_dataset
             >>> it = iter(to_iter_dataset(range(5)))
             >>> it.set_state(iter(to_iter_dataset(range(6))).get_state())
             Traceback (most recent call last):
@@ -240,7 +240,7 @@ class DatasetIterator(Closing):
         for its filters and packing): ``get_state()`` is the position to use there.
 
         Example:
-            >>> from portable_loader.dataset.iter_dataset import to_iter_dataset
+            >>> from portable_loader.dataset.iter.dataset import to_iter_dataset
             >>> it = iter(to_iter_dataset(range(10)).map(lambda x: x * 2).batch(3))
             >>> it._get_next_index(), next(it).tolist(), it._get_next_index()
             (0, [0, 2, 4], 1)
@@ -257,7 +257,7 @@ class DatasetIterator(Closing):
         Where ``_get_next_index`` is defined; otherwise the same ``ValueError``. O(1): nothing is read.
 
         Example:
-            >>> from portable_loader.dataset.iter_dataset import to_iter_dataset
+            >>> from portable_loader.dataset.iter.dataset import to_iter_dataset
             >>> it = iter(to_iter_dataset(range(10)).map_with_index(lambda i, x: (i, x)))
             >>> it._set_next_index(7); next(it)
             (7, 7)
@@ -272,7 +272,7 @@ class DatasetIterator(Closing):
         """Nothing to start ahead of the first ``next``: workers start then (kept for Grain's API).
 
         Example:
-            >>> from portable_loader.dataset.iter_dataset import to_iter_dataset
+            >>> from portable_loader.dataset.iter.dataset import to_iter_dataset
             >>> iter(to_iter_dataset([1])).start_prefetch()
         """
 
@@ -295,7 +295,7 @@ class DatasetIterator(Closing):
         """End the worker processes and reader threads; safe to call twice.
 
         Example:
-            >>> from portable_loader.dataset.iter_dataset import to_iter_dataset
+            >>> from portable_loader.dataset.iter.dataset import to_iter_dataset
             >>> it = iter(to_iter_dataset([1, 2]))
             >>> it.close(); it.close()
         """

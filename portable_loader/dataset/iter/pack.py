@@ -17,7 +17,7 @@ shuffling) the rows emitted before these bins. Restoring re-reads the elements o
 
 Example:
     >>> import numpy as np
-    >>> from portable_loader.dataset.iter_dataset import to_iter_dataset
+    >>> from portable_loader.dataset.iter.dataset import to_iter_dataset
     >>> ds = to_iter_dataset([{"ids": np.arange(n) + 1} for n in (3, 2, 4, 1)])
     >>> packed = FirstFitPackIterDataset(ds, length_struct={"ids": 5}, num_packing_bins=2, shuffle_bins=False)
     >>> for row in packed:
@@ -34,7 +34,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from portable_loader.dataset.iter_dataset import IterDataset, to_iter_dataset
+from portable_loader.dataset.iter.dataset import IterDataset, to_iter_dataset
 
 __all__ = ["BestFitPackIterDataset", "FirstFitPackIterDataset"]
 
@@ -205,7 +205,7 @@ class FirstFitPackIterDataset(_PackNode):
 
     Example:
         >>> import numpy as np
-        >>> from portable_loader.dataset.iter_dataset import to_iter_dataset
+        >>> from portable_loader.dataset.iter.dataset import to_iter_dataset
         >>> ds = to_iter_dataset([{"x": np.arange(n), "doc": n} for n in (2, 3, 2)])
         >>> it = iter(FirstFitPackIterDataset(ds, length_struct={"x": 4}, num_packing_bins=2, meta_features=["doc"]))
         >>> [(row["x"].tolist(), row["doc"]) for row in it]
@@ -223,7 +223,7 @@ class BestFitPackIterDataset(_PackNode):
 
     Example:
         >>> import numpy as np
-        >>> from portable_loader.dataset.iter_dataset import to_iter_dataset
+        >>> from portable_loader.dataset.iter.dataset import to_iter_dataset
         >>> ds = to_iter_dataset([{"x": np.arange(n) + 1} for n in (5, 3, 2, 1, 4)])
         >>> [row["x"].tolist() for row in BestFitPackIterDataset(ds, length_struct={"x": 6}, num_packing_bins=3,
         ...                                                       shuffle_bins=False)]
@@ -340,7 +340,7 @@ class PackIter:
 
     Example:
         >>> import numpy as np
-        >>> from portable_loader.dataset.iter_dataset import to_iter_dataset
+        >>> from portable_loader.dataset.iter.dataset import to_iter_dataset
         >>> ds = FirstFitPackIterDataset(to_iter_dataset([{"x": np.arange(3)}] * 5), length_struct={"x": 4},
         ...                              num_packing_bins=3, shuffle_bins=False)
         >>> it = iter(ds)

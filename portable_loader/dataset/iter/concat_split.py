@@ -23,7 +23,7 @@ passed through unsplit meanwhile) took. No element is saved in the state.
 
 Example:
     >>> import numpy as np
-    >>> from portable_loader.dataset.iter_dataset import to_iter_dataset
+    >>> from portable_loader.dataset.iter.dataset import to_iter_dataset
     >>> ds = to_iter_dataset([{"ids": np.arange(n) + 1} for n in (3, 6, 2)])
     >>> for row in ConcatThenSplitIterDataset(ds, length_struct={"ids": 4}):
     ...     print(row["ids"], row["ids_segment_ids"], row["ids_positions"])
@@ -38,8 +38,8 @@ import enum
 from collections.abc import Collection, Mapping
 import numpy as np
 
-from portable_loader.dataset.iter_dataset import IterDataset
-from portable_loader.dataset.iter_pack import as_iter_dataset, check_lengths
+from portable_loader.dataset.iter.dataset import IterDataset
+from portable_loader.dataset.iter.pack import as_iter_dataset, check_lengths
 
 __all__ = ["BOSHandling", "ConcatThenSplitIterDataset"]
 
@@ -75,7 +75,7 @@ class ConcatThenSplitIterDataset(IterDataset):
 
     Example:
         >>> import numpy as np
-        >>> from portable_loader.dataset.iter_dataset import to_iter_dataset
+        >>> from portable_loader.dataset.iter.dataset import to_iter_dataset
         >>> ds = to_iter_dataset([{"ids": np.array([7, 8, 9])}, {"ids": np.array([5, 6])}])
         >>> packed = ConcatThenSplitIterDataset(ds, length_struct={"ids": 4},
         ...                                     bos_handling=BOSHandling.REPLACE_FIRST_TOKEN_WITH_BOS,
@@ -141,7 +141,7 @@ class ConcatSplitIter:
 
     Example:
         >>> import numpy as np
-        >>> from portable_loader.dataset.iter_dataset import to_iter_dataset
+        >>> from portable_loader.dataset.iter.dataset import to_iter_dataset
         >>> it = iter(ConcatThenSplitIterDataset(to_iter_dataset([{"x": np.arange(10)}]), length_struct={"x": 4}))
         >>> _ = next(it)
         >>> {k[2:]: int(v) for k, v in it.get_state()["cursor"].items()}  # 4 cells of element 0 used

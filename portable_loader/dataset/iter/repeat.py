@@ -15,7 +15,7 @@ One difference, on purpose: a pass that yields no element ends the stream, where
 iterator with ``num_epochs=None`` over an empty dataset loops forever in ``next()``.
 
 Example:
-    >>> from portable_loader.dataset.iter_dataset import to_iter_dataset
+    >>> from portable_loader.dataset.iter.dataset import to_iter_dataset
     >>> ds = RepeatIterDataset(to_iter_dataset(range(3)), num_epochs=2)
     >>> it = iter(ds)
     >>> [next(it) for _ in range(4)]
@@ -31,8 +31,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from portable_loader.dataset.iter_dataset import IterDataset
-from portable_loader.dataset.iter_pack import as_iter_dataset
+from portable_loader.dataset.iter.dataset import IterDataset
+from portable_loader.dataset.iter.pack import as_iter_dataset
 from portable_loader.errors import StateError
 
 __all__ = ["RepeatIterDataset"]
@@ -81,8 +81,8 @@ class RepeatIter:
     """The running part of a repeat (iter_runtime's protocol: ``next``, ``fields``, ``restore``).
 
     Example:
-        >>> from portable_loader.dataset.iter_dataset import to_iter_dataset
-        >>> from portable_loader.dataset.iter_iterator import _compile
+        >>> from portable_loader.dataset.iter.dataset import to_iter_dataset
+        >>> from portable_loader.dataset.iter.iterator import _compile
         >>> part = RepeatIter("1.repeat.epoch", _compile(to_iter_dataset([7, 8])), num_epochs=None)
         >>> [part.next() for _ in range(5)], part.fields()
         ([7, 8, 7, 8, 7], {'0.source.position': 1, '1.repeat.epoch': 2})

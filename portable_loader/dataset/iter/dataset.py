@@ -16,13 +16,13 @@ What Grain lacks, and the point of this module (docs/design.md, promises 1 to 3 
 - Restoring gives exactly the continuation, mid-epoch, after filters and batches.
 - ``mp_prefetch(MultiprocessingOptions(num_workers=N))`` gives the same stream for every ``N``
   (0 included), and a state saved with ``N`` workers restores with ``M``
-  (:mod:`portable_loader.dataset.mp_prefetch`).
+  (:mod:`portable_loader.dataset.iter.mp_prefetch`).
 - A state carries the pipeline's fingerprint (source, operations, functions, seeds) and a digest of
   its fields: a state of another pipeline, or an edited one, is refused with a ``StateError``.
 
-The pieces: this module builds the (immutable) pipeline; :mod:`~portable_loader.dataset.iter_iterator`
-compiles it into an iterator and owns the state format; :mod:`~portable_loader.dataset.iter_ops` and
-:mod:`~portable_loader.dataset.iter_runtime` compute elements; :mod:`~portable_loader.dataset.mp_prefetch`
+The pieces: this module builds the (immutable) pipeline; :mod:`~portable_loader.dataset.iter.iterator`
+compiles it into an iterator and owns the state format; :mod:`~portable_loader.dataset.iter.ops` and
+:mod:`~portable_loader.dataset.iter.runtime` compute elements; :mod:`~portable_loader.dataset.iter.mp_prefetch`
 runs the per-element operations in worker processes.
 
 Example:
@@ -49,12 +49,12 @@ from typing import TYPE_CHECKING, Any, Callable
 import numpy as np
 
 from portable_loader.dataset.base import digest, function_identity
-from portable_loader.dataset.iter_ops import ElementOp
-from portable_loader.dataset.iter_runtime import int_proportions
+from portable_loader.dataset.iter.ops import ElementOp
+from portable_loader.dataset.iter.runtime import int_proportions
 from portable_loader.dataset.seeds import default_seed
 
 if TYPE_CHECKING:  # at run time, through __getattr__ below: its module imports this one
-    from portable_loader.dataset.iter_iterator import DatasetIterator
+    from portable_loader.dataset.iter.iterator import DatasetIterator
 
 __all__ = ["DatasetIterator", "IterDataset", "to_iter_dataset"]
 
@@ -292,7 +292,7 @@ class IterDataset:
         return _MixNode(datasets, weights)
 
     def __iter__(self) -> "DatasetIterator":
-        from portable_loader.dataset.iter_iterator import DatasetIterator
+        from portable_loader.dataset.iter.iterator import DatasetIterator
 
         return DatasetIterator(self)
 
@@ -428,7 +428,7 @@ def _as_iter(obj) -> IterDataset:
 def __getattr__(name: str):
     # The iterator lives in its own module, which imports the node classes above: loaded on first use.
     if name == "DatasetIterator":
-        from portable_loader.dataset.iter_iterator import DatasetIterator
+        from portable_loader.dataset.iter.iterator import DatasetIterator
 
         return DatasetIterator
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

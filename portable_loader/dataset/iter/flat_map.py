@@ -13,7 +13,7 @@ and skips what was emitted: no piece is saved. The split runs in the main proces
 ``mp_prefetch``'s workers.
 
 Example:
-    >>> from portable_loader.dataset.iter_dataset import to_iter_dataset
+    >>> from portable_loader.dataset.iter.dataset import to_iter_dataset
     >>> class Chars:
     ...     def flat_map(self, word):
     ...         return list(word)
@@ -32,9 +32,9 @@ from __future__ import annotations
 
 from portable_loader.dataset.base import function_identity
 from portable_loader.dataset.flat_map import flat_map_function, pieces_of
-from portable_loader.dataset.iter_dataset import IterDataset
-from portable_loader.dataset.iter_pack import as_iter_dataset
-from portable_loader.dataset.iter_runtime import MAX_REJECTED, _rejected_all
+from portable_loader.dataset.iter.dataset import IterDataset
+from portable_loader.dataset.iter.pack import as_iter_dataset
+from portable_loader.dataset.iter.runtime import MAX_REJECTED, _rejected_all
 
 __all__ = ["FlatMapIterDataset"]
 
@@ -74,8 +74,8 @@ class FlatMapIter:
     """The running part of a flat map (iter_runtime's protocol: ``next``, ``fields``, ``restore``).
 
     Example:
-        >>> from portable_loader.dataset.iter_dataset import to_iter_dataset
-        >>> from portable_loader.dataset.iter_iterator import _compile
+        >>> from portable_loader.dataset.iter.dataset import to_iter_dataset
+        >>> from portable_loader.dataset.iter.iterator import _compile
         >>> part = FlatMapIter("1.flat_map.index", _compile(to_iter_dataset([2, 3])), lambda x: [x] * x)
         >>> part.next(), part.next(), part.next(), part.fields()
         (2, 2, 3, {'0.source.position': 1, '1.flat_map.index': 1})

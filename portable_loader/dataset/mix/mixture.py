@@ -3,7 +3,7 @@
 The mixture is a dataset whose index space is its sources concatenated (``ds[offset_i + r]`` is
 record ``r`` of source ``i``), and which brings its own stream order (``stream_order``): the loader
 serves it instead of shuffling on top, since a shuffle would undo the per-block counts. The
-arithmetic is in :mod:`portable_loader.dataset.order`; docs/mixing.md states the guarantees.
+arithmetic is in :mod:`portable_loader.dataset.mix.order`; docs/mixing.md states the guarantees.
 
 Weights are exact rationals: ints and ``Fraction``\\ s as they are, floats by their shortest decimal
 (``0.1`` is 1/10), so the counts never depend on float rounding. A source left out of a stage's
@@ -36,7 +36,7 @@ import numpy as np
 from portable_loader.collate import FIELDS, collating_into, new_fields
 from portable_loader.cache.readers import KEEP_SPANS_MAX, Spans, join_spans, kept_spans, spans_of
 from portable_loader.dataset.base import Dataset, digest
-from portable_loader.dataset.order import MixOrder, Stage, name_key
+from portable_loader.dataset.mix.order import MixOrder, Stage, name_key
 
 __all__ = ["DEFAULT_BLOCK", "Mix", "mix"]
 
@@ -426,7 +426,7 @@ class Mix(Dataset):
         each source filling the rows of its own windows; there when every source has it (else None).
 
         Example:
-            >>> from portable_loader.dataset.windows import concat_windows
+            >>> from portable_loader.corpora.windows import concat_windows
             >>> m = concat_windows(mix({"a": [{"input_ids": np.arange(1, 9)}], "b": [{"input_ids": np.arange(9, 13)}]},
             ...                        {"a": 1, "b": 1}), 4)
             >>> m.collate_rows([[(2, 0, 4)], [(0, 0, 4)]], 4, fields=("input_ids", "attention_mask"))["input_ids"].tolist()

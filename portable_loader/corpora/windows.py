@@ -47,7 +47,7 @@ def concat_windows(dataset, seq_len: int) -> Dataset:
         >>> [r["input_ids"].tolist() for r in concat_windows(docs, 3)]
         [[1, 2, 3], [4, 5, 6]]
     """
-    from portable_loader.dataset.mixture import Mix
+    from portable_loader.dataset.mix.mixture import Mix
     from portable_loader.dataset.sources import source
 
     ds = source(dataset)

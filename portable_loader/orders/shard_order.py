@@ -33,7 +33,7 @@ from typing import Sequence
 import numpy as np
 
 from portable_loader.errors import PositionOutOfRange
-from portable_loader.keyed import MASK64, KeyedPermutation, as_int64, check_int, epoch_position, subkey
+from portable_loader.orders.keyed import MASK64, KeyedPermutation, as_int64, check_int, epoch_position, subkey
 
 __all__ = ["ShardShuffle"]
 

@@ -1,13 +1,13 @@
 """LCG index sampler: a keyed permutation of ``range(N)`` per epoch in O(1) memory.
 
-Epoch ``e`` of a sampler with ``seed`` is :class:`~portable_loader.keyed.KeyedPermutation` ``(N, seed, e)``:
-a bijection ``position -> record index`` computed, never stored (:mod:`portable_loader.keyed` has the
+Epoch ``e`` of a sampler with ``seed`` is :class:`~portable_loader.orders.keyed.KeyedPermutation` ``(N, seed, e)``:
+a bijection ``position -> record index`` computed, never stored (:mod:`portable_loader.orders.keyed` has the
 arithmetic: a mixed LCG over the next power of two, with cycle walking). Shard ``k`` of ``K`` takes
 positions ``k, k + K, ...`` of each epoch's one global order, so hosts split one order between them.
 The same ``(seed, epoch)`` gives the same order on every machine.
 
 Example:
-    >>> from portable_loader.keyed import KeyedPermutation
+    >>> from portable_loader.orders.keyed import KeyedPermutation
     >>> s = LCGSampler(10, seed=4, shard_index=1, shard_count=2)
     >>> s.stream_indices([0, 1]).tolist() == [KeyedPermutation(10, 4, 0).one(p) for p in (1, 3)]
     True
@@ -21,7 +21,7 @@ from typing import Iterable
 import numpy as np
 
 from portable_loader.errors import PositionOutOfRange
-from portable_loader.keyed import (FEW, MASK64, KeyedPermutation, as_int64, check_int, epoch_position, keep,
+from portable_loader.orders.keyed import (FEW, MASK64, KeyedPermutation, as_int64, check_int, epoch_position, keep,
                                    shard_epoch_length)
 
 __all__ = ["LCGSampler"]

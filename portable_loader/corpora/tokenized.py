@@ -17,7 +17,7 @@ A row index (the byte offset of every line, Parquet row groups) gives random acc
 lengths of recently read records are kept (bounded by ``memo_tokens``). The loader's packing
 planner asks for a window's lengths before its records: with worker processes, the workers
 tokenize the windows ahead (:mod:`portable_loader.engine.ahead`), report the lengths to the
-planner and hand the tokens to each other through :class:`~portable_loader.dataset.spill.Spill`
+planner and hand the tokens to each other through :class:`~portable_loader.corpora.spill.Spill`
 files; with ``num_workers=0`` the main process tokenizes, and its memo serves the batch. A ``map``
 or a mixture over this dataset passes those calls down, so its workers tokenize ahead too.
 
@@ -52,7 +52,7 @@ from typing import Sequence
 import numpy as np
 
 from portable_loader.dataset.base import Dataset
-from portable_loader.dataset.spill import Spill
+from portable_loader.corpora.spill import Spill
 from portable_loader.record_options import RecordOptions
 
 __all__ = ["Tokenized", "tokenized"]

@@ -38,7 +38,7 @@ import math
 
 import numpy as np
 
-from portable_loader.keyed import keep
+from portable_loader.orders.keyed import keep
 
 __all__ = ["ORDER", "EpochShuffle", "IndexShuffle", "block_bits", "round_function", "round_keys"]
 

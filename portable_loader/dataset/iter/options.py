@@ -19,7 +19,7 @@ The options do not change which element comes at which position, so they are not
 pipeline's fingerprint: a state resumes with other options.
 
 Example:
-    >>> from portable_loader.dataset.iter_dataset import to_iter_dataset
+    >>> from portable_loader.dataset.iter.dataset import to_iter_dataset
     >>> ds = to_iter_dataset(range(2000)).filter(lambda x: x < 50)
     >>> strict = WithOptionsIterDataset(ds, DatasetOptions(filter_raise_threshold_ratio=0.9))
     >>> iter(strict)._ctx.dataset_options.filter_raise_threshold_ratio
@@ -38,7 +38,7 @@ import enum
 import numbers
 from typing import Any
 
-from portable_loader.dataset.iter_dataset import IterDataset
+from portable_loader.dataset.iter.dataset import IterDataset
 
 __all__ = ["DatasetOptions", "ExecutionTrackingMode", "IteratorContext", "WithOptionsIterDataset", "pipeline_options"]
 
@@ -130,7 +130,7 @@ class WithOptionsIterDataset(IterDataset):
     """Grain's ``WithOptionsIterDataset``: ``parent``'s elements, with ``options`` for the whole pipeline.
 
     Example:
-        >>> from portable_loader.dataset.iter_dataset import to_iter_dataset
+        >>> from portable_loader.dataset.iter.dataset import to_iter_dataset
         >>> ds = WithOptionsIterDataset(to_iter_dataset(range(3)), DatasetOptions(min_shm_size=10))
         >>> list(ds.map(lambda x: x + 1)), ds.fingerprint() == to_iter_dataset(range(3)).fingerprint()
         ([1, 2, 3], True)
@@ -167,7 +167,7 @@ def pipeline_options(root: IterDataset) -> DatasetOptions:
     """The options in force for ``root``'s pipeline: every ``WithOptionsIterDataset`` in it, downstream first.
 
     Example:
-        >>> from portable_loader.dataset.iter_dataset import to_iter_dataset
+        >>> from portable_loader.dataset.iter.dataset import to_iter_dataset
         >>> inner = WithOptionsIterDataset(to_iter_dataset(range(3)), DatasetOptions(min_shm_size=1, filter_warn_threshold_ratio=0.5))
         >>> outer = WithOptionsIterDataset(inner.batch(2), DatasetOptions(min_shm_size=2))
         >>> o = pipeline_options(outer)

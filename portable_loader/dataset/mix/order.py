@@ -30,8 +30,8 @@ from typing import NamedTuple, Sequence
 import numpy as np
 
 from portable_loader.errors import PositionOutOfRange
-from portable_loader.keyed import KeyedPermutation, keep, permute_many, splitmix64, subkey
-from portable_loader.sampler import LCGSampler
+from portable_loader.orders.keyed import KeyedPermutation, keep, permute_many, splitmix64, subkey
+from portable_loader.orders.sampler import LCGSampler
 
 __all__ = ["MixOrder", "Stage", "hamilton", "name_key"]
 
@@ -116,7 +116,7 @@ class MixOrder:
     ``offsets`` where each source starts in the concatenation.
 
     Example:
-        >>> from portable_loader.sampler import LCGSampler
+        >>> from portable_loader.orders.sampler import LCGSampler
         >>> st = (Stage(0, 4, (1, 3), 4, (0, 0)),)
         >>> kids = [LCGSampler(2, seed=1), LCGSampler(3, seed=2)]
         >>> o = MixOrder(st, kids, np.array([0, 2, 5]), seed=0)
@@ -200,7 +200,7 @@ class MixOrder:
         256; one by one, their counts, permutations and ranks cost 1 ms with 60 sources).
 
         The same values as block by block: the counts by :func:`_hamiltons`, the slots by each
-        block's own ``KeyedPermutation`` (:func:`~portable_loader.keyed.permute_many`), and each source's draws ranked in slot
+        block's own ``KeyedPermutation`` (:func:`~portable_loader.orders.keyed.permute_many`), and each source's draws ranked in slot
         order. The last blocks are kept for the lookups that follow (``_few``, ``drawn_before``).
         """
         st = self.stages[k]
@@ -242,7 +242,7 @@ class MixOrder:
         """Per-source draws at stream positions ``[0, position)``: where each source stands.
 
         Example:
-            >>> from portable_loader.sampler import LCGSampler
+            >>> from portable_loader.orders.sampler import LCGSampler
             >>> o = MixOrder((Stage(0, 4, (1, 3), 4, (0, 0)),), [LCGSampler(2, seed=1), LCGSampler(3, seed=2)],
             ...              np.array([0, 2, 5]), seed=0)
             >>> src, _ = o.sources_at(np.arange(6))
@@ -264,7 +264,7 @@ class MixOrder:
         the state stays O(sources) after any number of changes.
 
         Example:
-            >>> from portable_loader.sampler import LCGSampler
+            >>> from portable_loader.orders.sampler import LCGSampler
             >>> o = MixOrder((Stage(0, 4, (1, 3), 4, (0, 0)),), [LCGSampler(2, seed=1), LCGSampler(3, seed=2)],
             ...              np.array([0, 2, 5]), seed=0)
             >>> o2 = o.with_stage(Stage(6, 4, (1, 0), 1, tuple(o.drawn_before(6)), online=True))

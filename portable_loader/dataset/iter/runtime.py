@@ -9,7 +9,7 @@ follows instead of replaying what came before.
 
 Example:
     >>> from portable_loader.dataset import source
-    >>> from portable_loader.dataset.iter_ops import ElementOp, Segment
+    >>> from portable_loader.dataset.iter.ops import ElementOp, Segment
     >>> seg = Segment(allow_nones=False)
     >>> seg.add("1.filter.count", ElementOp("filter", lambda x: x % 2 == 1))
     >>> src = SourceIter("0.source.position", source(list(range(10))), seg, InlineExec(chunk=3))
@@ -32,7 +32,7 @@ from concurrent import futures
 from typing import Callable, Sequence
 
 from portable_loader.dataset.batch import stack
-from portable_loader.dataset.iter_ops import ElementOp, Segment, apply_one, read_chunk, run_chunk, run_slowly
+from portable_loader.dataset.iter.ops import ElementOp, Segment, apply_one, read_chunk, run_chunk, run_slowly
 from portable_loader.errors import FilterError
 from portable_loader.lifecycle import in_finalizer
 
@@ -236,7 +236,7 @@ class SourceIter:
     """``to_iter_dataset`` plus the per-element operations that follow it (its :class:`Segment`).
 
     ``executor`` computes chunks: :class:`InlineExec` here, or a worker pool's stream
-    (:mod:`portable_loader.dataset.mp_prefetch`). The state is the position after the last element
+    (:mod:`portable_loader.dataset.iter.mp_prefetch`). The state is the position after the last element
     handed on and the ordinal counts there; elements computed ahead of it are simply recomputed
     after a restore. ``ratios``: the filter check's warn and raise ratios (``DatasetOptions``), for
     the segment's filters and, where the source has holes that are skipped, for those

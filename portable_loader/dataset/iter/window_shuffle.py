@@ -4,7 +4,7 @@
 emits them in a shuffled order, reads the next ``W``, and so on; the last window holds what is
 left. As in Grain, every element of a window comes out before the next window is read, and each
 window comes out in Grain's order: window ``w`` of ``n`` elements is permuted by Grain's
-``index_shuffle`` keyed by ``seed + w`` (:mod:`portable_loader.dataset.index_shuffle`) and emitted
+``index_shuffle`` keyed by ``seed + w`` (:mod:`portable_loader.orders.index_shuffle`) and emitted
 from its last slot to its first, as Grain pops it, so the elements are Grain's one for one.
 
 The state is a position, in our format: the parent's position fields at the start of the current
@@ -15,7 +15,7 @@ element in the state. Once a window is emitted in full, the state is the parent'
 it, the next window's number and index 0.
 
 Example:
-    >>> from portable_loader.dataset.iter_dataset import to_iter_dataset
+    >>> from portable_loader.dataset.iter.dataset import to_iter_dataset
     >>> ds = WindowShuffleIterDataset(to_iter_dataset(range(10)), window_size=4, seed=1)
     >>> out = list(ds)
     >>> [sorted(out[i:i + 4]) for i in (0, 4, 8)]
@@ -31,9 +31,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from portable_loader.dataset.index_shuffle import ORDER, IndexShuffle
-from portable_loader.dataset.iter_dataset import IterDataset
-from portable_loader.dataset.iter_pack import as_iter_dataset
+from portable_loader.orders.index_shuffle import ORDER, IndexShuffle
+from portable_loader.dataset.iter.dataset import IterDataset
+from portable_loader.dataset.iter.pack import as_iter_dataset
 
 __all__ = ["WindowShuffleIterDataset"]
 
@@ -91,8 +91,8 @@ class WindowShuffleIter:
     """The running part of a window shuffle (iter_runtime's protocol: ``next``, ``fields``, ``restore``).
 
     Example:
-        >>> from portable_loader.dataset.iter_dataset import to_iter_dataset
-        >>> from portable_loader.dataset.iter_iterator import _compile
+        >>> from portable_loader.dataset.iter.dataset import to_iter_dataset
+        >>> from portable_loader.dataset.iter.iterator import _compile
         >>> part = WindowShuffleIter("1.window_shuffle", _compile(to_iter_dataset(range(5))), 2, seed=7)
         >>> sorted([part.next(), part.next()]), part.fields()["1.window_shuffle.window"]
         ([0, 1], 1)

@@ -22,7 +22,7 @@ iterator (``close``, ``with``, garbage collection, interpreter exit) and by them
 Example:
     >>> import grain
     >>> from portable_loader.dataset import source
-    >>> from portable_loader.dataset.iter_dataset import to_iter_dataset
+    >>> from portable_loader.dataset.iter.dataset import to_iter_dataset
     >>> ds = to_iter_dataset(source(list(range(100)))).filter(lambda x: x % 3).map_with_index(lambda i, x: (i, x))
     >>> with iter(ds.mp_prefetch(grain.MultiprocessingOptions(num_workers=2))) as it:
     ...     got = [next(it) for _ in range(50)]
@@ -37,8 +37,8 @@ import os
 import pickle
 import traceback
 
-from portable_loader.dataset.iter_ops import Segment, read_chunk, run_slowly
-from portable_loader.dataset.iter_runtime import Chunk
+from portable_loader.dataset.iter.ops import Segment, read_chunk, run_slowly
+from portable_loader.dataset.iter.runtime import Chunk
 from portable_loader.engine.threads import WorkerError
 from portable_loader.engine.workers import context, end, launch, load, pickled, receive, worker_setup, worker_tasks
 from portable_loader.lifecycle import hook_last
@@ -241,7 +241,7 @@ class PoolExec:
 
     Example:
         >>> from portable_loader.dataset import source
-        >>> from portable_loader.dataset.iter_ops import ElementOp
+        >>> from portable_loader.dataset.iter.ops import ElementOp
         >>> seg = Segment(allow_nones=False)
         >>> seg.add("1.filter.count", ElementOp("filter", lambda x: x % 2 == 0))
         >>> seg.add("2.map_with_index.count", ElementOp("map_with_index", lambda i, x: (i, x)))
