@@ -10,6 +10,17 @@ import portable_loader
 ROOT = pathlib.Path(portable_loader.__file__).parent
 MAX_MODULES = 20
 MAX_CYCLE = 3
+#: docs/design.md's layers, lowest first: a module imports its own or lower layers at module level.
+LAYERS = [
+    ["errors", "indexing", "lifecycle", "digests"],
+    ["orders", "io", "tokenize", "collate", "batch_size"],
+    ["cache", "record_options"],
+    ["plan", "step_plans", "batch_spec", "state"],
+    ["engine"],
+    ["dataset"],
+    ["corpora", "dataset.iter"],
+    ["loader", "grain", "precache", "adapters", "sample", "__main__", ""],
+]
 
 
 def _name(path: pathlib.Path) -> str:
@@ -82,6 +93,21 @@ def test_no_folder_holds_more_than_twenty_modules():
     for folder in [ROOT, *(p for p in ROOT.rglob("*") if p.is_dir() and (p / "__init__.py").exists())]:
         modules = [p for p in folder.glob("*.py") if p.name != "__init__.py"]
         assert len(modules) <= MAX_MODULES, (folder, len(modules))
+
+
+def _layer(module: str) -> int:
+    # The longest listed name that is the module or one of its packages decides ("" is the package itself).
+    rest = module.removeprefix("portable_loader").removeprefix(".")
+    found = [(len(n), i) for i, names in enumerate(LAYERS) for n in names
+             if rest == n or rest.startswith(n + ".") or (n == "" and rest == "")]
+    assert found, f"{module} is in no layer of LAYERS: add it (and to docs/design.md)"
+    return max(found)[1]
+
+
+def test_every_module_imports_only_its_own_or_lower_layers_at_module_level():
+    graph = _graph()
+    upward = sorted((m, d) for m, deps in graph.items() for d in deps if _layer(d) > _layer(m))
+    assert not upward, upward
 
 
 def test_the_random_access_layer_imports_neither_iterators_nor_corpora():
