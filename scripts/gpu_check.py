@@ -67,6 +67,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     args = p.parse_args(argv)
     if args.out is None:
         p.error("the output folder is required")
+    if len(set(args.parts)) < len(args.parts):
+        p.error(f"--parts {' '.join(args.parts)}: a part named twice")
     shares = dict(DRY_SHARES if args.dry_run else SHARES)
     for item in args.share:
         name, _, seconds = item.partition("=")

@@ -89,13 +89,14 @@ def test_a_part_that_fails_or_runs_out_of_time_is_reported_and_the_rest_runs(tmp
     assert "| cuda | " in md and "| error |" in md and "| timeout |" in md
 
 
-def test_a_bad_share_is_refused_by_name(tmp_path):
-    r = subprocess.run([sys.executable, str(SCRIPT), str(tmp_path), "--share", "gpu=5"], capture_output=True, text=True,
-                       timeout=60)
-    assert r.returncode == 2 and "--share gpu=5: no part named 'gpu'" in r.stderr
-    r = subprocess.run([sys.executable, str(SCRIPT), str(tmp_path), "--share", "cuda=soon"], capture_output=True,
-                       text=True, timeout=60)
-    assert r.returncode == 2 and "'soon' is not a number of seconds" in r.stderr
+def test_bad_options_are_refused_by_name(tmp_path):
+    for args, says in ((["--share", "gpu=5"], "--share gpu=5: no part named 'gpu'"),
+                       (["--share", "cuda=soon"], "'soon' is not a number of seconds"),
+                       (["--parts", "cuda", "facts", "cuda"], "--parts cuda facts cuda: a part named twice")):
+        r = subprocess.run([sys.executable, str(SCRIPT), str(tmp_path / "out"), *args], capture_output=True, text=True,
+                           timeout=60)
+        assert r.returncode == 2 and says in r.stderr, r.stderr
+    assert not (tmp_path / "out").exists()
 
 
 def test_the_cuda_goals_are_read_from_bench_cuda_s_and_bench_gpu_train_s_tables(tmp_path, monkeypatch):
