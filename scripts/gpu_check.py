@@ -176,7 +176,7 @@ def markdown(summary: dict) -> str:
 
 def _cell(x) -> str:
     if isinstance(x, float):
-        return f"{x:.4g}"
+        return f"{x:,.0f}" if abs(x) >= 1e4 else f"{x:.4g}"
     return str(x).replace("|", "/").replace("\n", " ")
 
 

@@ -92,6 +92,10 @@ def not_measured(text: str, name: str) -> str | None:
     return first if first.startswith(f"{name}: ") and "nothing measured" in first else None
 
 
+def n_workers(n: int) -> str:
+    return f"{n} worker{'' if n == 1 else 's'}"
+
+
 def importable(name: str) -> bool:
     try:
         return importlib.util.find_spec(name) is not None
@@ -276,8 +280,8 @@ def workers(ctx: Context) -> dict:
     for peer in ("torch", "grain"):
         for w in counts:
             if (peer, w) in rate:
-                goals.append(goal(f"concat 64x4096, {w} worker{'' if w == 1 else 's'}, over {peer}'s batches/s", rate[("concat", w)] / rate[(peer, w)],
-                                  1, ">"))
+                goals.append(goal(f"concat 64x4096, {n_workers(w)}, over {peer}'s batches/s",
+                                  rate[("concat", w)] / rate[(peer, w)], 1, ">"))
     return {"status": "ok", "figures": figures, "goals": goals,
             "notes": notes + ["main_cpu_ms_per_batch: the trainer's process CPU a batch"]}
 
@@ -294,7 +298,7 @@ def tokenize(ctx: Context) -> dict:
     figures = table(path)
     row = next(r for r in records(figures) if r["loader"].endswith(f"num_workers={most}"))
     return {"status": "ok", "figures": figures,
-            "goals": [goal(f"pl.tokenized packed, {most} workers, of {most} tokenizer processes' tokens/s",
+            "goals": [goal(f"pl.tokenized packed, {n_workers(most)}, of as many tokenizer processes' tokens/s",
                            row["x_tokenizer_cores_used"], 0.85)]}
 
 
