@@ -18,7 +18,8 @@ clean up), then killed, and reported; the rest still runs. Without a CUDA GPU th
 (``tests``, ``cuda``, ``train``) say so and are reported as skipped. Nothing is installed: optional
 peers (Grain) are compared only where importable; tokenize on read needs the phi-3-mini tokenizer and
 the c4 demo rows from ``--data`` (default: ``$PORTABLE_LOADER_DATA``, else ``../shared/data``, else
-``.gpu_data`` in the checkout).
+``.gpu_data`` in the checkout). On a busy machine the dry run's default shares and budget (115 s)
+grow with the load average over the cores, up to 5x; the full run's never do.
 """
 
 from __future__ import annotations
@@ -44,6 +45,7 @@ WHAT = {"facts": "the machine", "tests": "CUDA tests", "cuda": "copies and overl
         "train": "bf16 training step fed by the loaders (bench_gpu_train)",
         "workers": "workers against torch and Grain (bench_workers)", "tokenize": "tokenize on read (bench_tokenized)"}
 GRACE_S = 5  # after SIGINT, before SIGKILL
+MAX_STRETCH = 5
 
 
 def default_data() -> str:
@@ -51,6 +53,15 @@ def default_data() -> str:
         if path and os.path.isdir(path):
             return path
     return os.path.join(ROOT, ".gpu_data")
+
+
+def stretch(dry_run: bool) -> float:
+    """How much longer the dry run's default shares and budget are here: the load average over the cores,
+    between 1 and 5. The same work takes that much longer on a machine whose runnable processes outnumber
+    its cores; the full run's 8 minutes are the device's lease, never stretched."""
+    if not dry_run:
+        return 1.0
+    return min(MAX_STRETCH, max(1.0, os.getloadavg()[0] / (os.cpu_count() or 1)))
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -69,7 +80,8 @@ def parse_args(argv=None) -> argparse.Namespace:
         p.error("the output folder is required")
     if len(set(args.parts)) < len(args.parts):
         p.error(f"--parts {' '.join(args.parts)}: a part named twice")
-    shares = dict(DRY_SHARES if args.dry_run else SHARES)
+    args.stretch = stretch(args.dry_run)
+    shares = {name: seconds * args.stretch for name, seconds in (DRY_SHARES if args.dry_run else SHARES).items()}
     for item in args.share:
         name, _, seconds = item.partition("=")
         if name not in PARTS:
@@ -79,7 +91,7 @@ def parse_args(argv=None) -> argparse.Namespace:
         except ValueError:
             p.error(f"--share {item}: {seconds!r} is not a number of seconds")
     args.shares = shares
-    args.budget = args.budget or (DRY_BUDGET if args.dry_run else BUDGET)
+    args.budget = args.budget or (DRY_BUDGET * args.stretch if args.dry_run else BUDGET)
     return args
 
 
@@ -154,7 +166,8 @@ def goals_met(part: dict) -> str:
 def markdown(summary: dict) -> str:
     mode = "dry run (tiny sizes: the figures say only that each part runs)" if summary["dry_run"] else "full run"
     lines = [f"# GPU check, {summary['date']}: {mode}", "",
-             f"Total {summary['wall_s']:.0f} s of a {summary['budget_s']:.0f} s budget; "
+             f"Total {summary['wall_s']:.0f} s of a {summary['budget_s']:.0f} s budget (load average "
+             f"{summary['load_average']} at the start; shares stretched {summary['stretch']}x); "
              f"goals met: {summary['goals_met']}.", "", "## Machine", "", "| fact | value |", "|---|---|"]
     lines += [f"| {k} | {_cell(v)} |" for k, v in summary["machine"].items()]
     lines += ["", "## Parts", "", "| part | what | status | goals met | wall (s) | share (s) | note |", "|---|---|---|---|---|---|---|"]
@@ -200,7 +213,8 @@ def main(argv=None) -> int:
     args.data = os.path.abspath(args.data)
     start = time.perf_counter()
     summary = {"date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"), "dry_run": args.dry_run,
-               "budget_s": args.budget, "wall_s": 0.0, "machine": {}, "parts": []}
+               "budget_s": round(args.budget, 1), "stretch": round(args.stretch, 2),
+               "load_average": round(os.getloadavg()[0], 2), "wall_s": 0.0, "machine": {}, "parts": []}
     with tempfile.TemporaryDirectory(prefix="gpu-check-") as scratch, open(os.path.join(args.out, "log.txt"), "w") as log:
         for name in args.parts:
             left = args.budget - (time.perf_counter() - start)

@@ -64,7 +64,7 @@ OPS = {">=": lambda a, b: a >= b, ">": lambda a, b: a > b, "<=": lambda a, b: a 
 
 def goal(what: str, value: float, target: float, op: str = ">=") -> dict:
     """One figure against its goal: passed when ``value OP target``."""
-    return {"goal": what, "value": round(value, 4), "target": f"{op} {target:g}", "passed": bool(OPS[op](value, target))}
+    return {"goal": what, "value": float(f"{value:.4g}"), "target": f"{op} {target:g}", "passed": bool(OPS[op](value, target))}
 
 
 def run(cmd: list[str]) -> tuple[int, str]:
@@ -270,7 +270,7 @@ def workers(ctx: Context) -> dict:
     if not ctx.has_data():
         kinds.remove("tokenized")
         notes.append(f"tokenized left out: {ctx.no_data()}")
-    counts = (1,) if ctx.dry_run else WORKERS
+    counts = (0,) if ctx.dry_run else WORKERS  # the dry run starts no worker process: the suite tests them
     sizes = ["--rounds", "1", "--steps", "1", "--tokens", "2000000"] if ctx.dry_run else \
         ["--rounds", "1", "--steps", "40", "--tokens", "60000000"]
     bench("bench_workers.py", "--workers", *map(str, counts), "--kinds", *kinds, *sizes, "--csv", path, "--svg", "-")
@@ -291,14 +291,14 @@ def tokenize(ctx: Context) -> dict:
     if not ctx.has_data():
         return {"status": "skipped", "reason": ctx.no_data()}
     path = os.path.join(ctx.out, "tokenized.csv")
-    most = 1 if ctx.dry_run else max(WORKERS)
+    most = 0 if ctx.dry_run else max(WORKERS)
     rows = "300" if ctx.dry_run else "10000"
     bench("bench_tokenized.py", "--only", "pl", "--modes", "packed", "--workers", str(most), "--rounds", "1",
           "--rows", rows, "--tokenizer", os.path.join(ctx.data, TOKENIZER), "--csv", path, "--svg", "-")
     figures = table(path)
     row = next(r for r in records(figures) if r["loader"].endswith(f"num_workers={most}"))
     return {"status": "ok", "figures": figures,
-            "goals": [goal(f"pl.tokenized packed, {n_workers(most)}, of as many tokenizer processes' tokens/s",
+            "goals": [goal(f"pl.tokenized packed, {n_workers(most)}, of {row['cores_used']} one-thread tokenizer processes' tokens/s",
                            row["x_tokenizer_cores_used"], 0.85)]}
 
 

@@ -19,7 +19,7 @@ PARTS = ["facts", "tests", "cuda", "train", "workers", "tokenize"]
 NO_GPU = {"CUDA_VISIBLE_DEVICES": ""}  # what a machine without a GPU sees, on any machine
 
 
-def check(out, *args, timeout=150):
+def check(out, *args, timeout=115 * 5 + 60):  # the dry run's budget, stretched by the load at most 5x
     r = subprocess.run([sys.executable, str(SCRIPT), str(out), *args], capture_output=True, text=True, timeout=timeout,
                        env={**os.environ, **NO_GPU})
     assert r.returncode == 0, r.stderr[-3000:]
@@ -38,7 +38,10 @@ def test_the_dry_run_runs_every_part_and_writes_both_summaries(tmp_path):
     parts = {p["part"]: p for p in summary["parts"]}
     took = {name: (p["status"], p["wall_s"]) for name, p in parts.items()}  # what a failure below shows first
     assert [p["part"] for p in summary["parts"]] == PARTS
-    assert summary["dry_run"] and summary["wall_s"] < 120
+    # Under 2 minutes where the machine has a core for each runnable process; the budget grows with the
+    # load beyond that (the same work takes longer), and the run keeps to it.
+    assert summary["dry_run"] and summary["budget_s"] == pytest.approx(115 * summary["stretch"], abs=0.1)
+    assert summary["wall_s"] < summary["budget_s"] + 5 and (summary["stretch"] > 1 or summary["wall_s"] < 120)
     for name in ("tests", "cuda", "train"):
         assert parts[name]["status"] == "skipped" and "no CUDA GPU here" in parts[name]["reason"], parts[name]
     assert parts["tests"]["counts"]["skipped"] > 0 and parts["tests"]["counts"]["failure"] == 0
@@ -54,7 +57,7 @@ def test_the_dry_run_runs_every_part_and_writes_both_summaries(tmp_path):
     workers = {(r["kind"], int(r["workers"])): float(r["batches_per_s"]) for r in rows_of(out / "workers.csv")}
     assert {k for k, _ in workers} == {"concat", "packed", "tokenized", "torch", "grain"}
     goals = parts["workers"]["goals"]
-    assert len(goals) == 2  # torch and grain, at 1 worker
+    assert len(goals) == 2  # torch and grain, inline (0 workers)
     for g in goals:
         w = int(g["goal"].split(", ")[1].split()[0])
         peer = "grain" if "over grain's" in g["goal"] else "torch"
@@ -132,6 +135,6 @@ def test_the_cuda_goals_are_read_from_bench_cuda_s_and_bench_gpu_train_s_tables(
     assert list(cuda.values()) == [(0.48, False), (0.9677, True), (0.9375, True), (0.8696, False)]
     assert "overlap, max(step, batch) / async ms a step, step 3.00 ms" in cuda
     train = [(g["goal"].split(":")[0], g["value"], g["passed"]) for g in gpu_parts.train(ctx)["goals"]]
-    assert train == [("small", 0.995, True), ("small", pytest.approx(9.95 / 9.5, abs=1e-4), True),
-                     ("large", 0.98, False), ("large", pytest.approx(9.8 / 9.9, abs=1e-4), False),
+    assert train == [("small", 0.995, True), ("small", pytest.approx(9.95 / 9.5, rel=1e-3), True),
+                     ("large", 0.98, False), ("large", pytest.approx(9.8 / 9.9, rel=1e-3), False),
                      ("jax-medium", 0.995, True)]
