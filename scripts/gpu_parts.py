@@ -20,6 +20,7 @@ import importlib.metadata
 import importlib.util
 import os
 import platform
+import shlex
 import shutil
 import subprocess
 import sys
@@ -202,7 +203,7 @@ def tests(ctx: Context) -> dict:
     failed = counts["failure"] + counts["error"]
     result = {"status": "ok", "figures": {"header": ["test", "outcome", "first line"], "rows": rows}, "counts": counts,
               "goals": [goal(f"tests failed or in error, of {sum(counts.values())}", failed, 0, "<=")],
-              "notes": [f"files: {' '.join(files)}; " + ", ".join(f"{v} {k}" for k, v in counts.items())]
+              "notes": [f"pytest {shlex.join(files)}: " + ", ".join(f"{v} {k}" for k, v in counts.items())]
               + [f"skipped: {s}" for s in sorted(skips)]}
     no_gpu = sorted(s for s in skips if "needs a CUDA GPU" in s)
     if no_gpu:

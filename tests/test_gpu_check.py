@@ -138,3 +138,22 @@ def test_the_cuda_goals_are_read_from_bench_cuda_s_and_bench_gpu_train_s_tables(
     assert train == [("small", 0.995, True), ("small", pytest.approx(9.95 / 9.5, rel=1e-3), True),
                      ("large", 0.98, False), ("large", pytest.approx(9.8 / 9.9, rel=1e-3), False),
                      ("jax-medium", 0.995, True)]
+
+
+def test_the_tests_part_counts_outcomes_and_keeps_each_failure_s_first_line(tmp_path, monkeypatch):
+    monkeypatch.syspath_prepend(str(ROOT / "scripts"))
+    import gpu_parts
+
+    (tmp_path / "test_some.py").write_text(
+        "import pytest\n"
+        "def test_passes():\n    pass\n"
+        "def test_fails():\n    assert 1 + 1 == 3, 'arithmetic is off\\nsecond line'\n"
+        "@pytest.mark.skipif(True, reason='needs a CUDA GPU')\ndef test_on_a_gpu():\n    pass\n")
+    monkeypatch.setattr(gpu_parts, "DRY_TESTS", (str(tmp_path / "test_some.py"),))
+    ctx = gpu_parts.Context(dry_run=True, out=str(tmp_path), scratch=str(tmp_path), data=str(tmp_path))
+    result = gpu_parts.tests(ctx)
+    assert result["counts"] == {"passed": 1, "failure": 1, "error": 0, "skipped": 1}
+    ((name, outcome, first),) = result["figures"]["rows"]
+    assert name.endswith("test_fails") and outcome == "failure" and first.startswith("AssertionError: arithmetic is off")
+    assert "second line" not in first
+    assert result["goals"][0]["passed"] is False and result["status"] == "skipped" and "needs a CUDA GPU" in result["reason"]
