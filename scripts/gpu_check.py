@@ -37,7 +37,6 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from gpu_parts import PARTS, ROOT, Context  # noqa: E402
 
-CUDA_PARTS = ("tests", "cuda", "train")
 SHARES = {"facts": 30, "tests": 80, "cuda": 60, "train": 130, "workers": 110, "tokenize": 55}
 DRY_SHARES = {"facts": 30, "tests": 40, "cuda": 30, "train": 30, "workers": 90, "tokenize": 60}
 BUDGET, DRY_BUDGET = 465, 115  # under 8 minutes on the GPU host, under 2 in the suite
