@@ -59,7 +59,7 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "scripts"))
 from benchlib import add_output_args, bar_svg, machine, write_table  # noqa: E402
-DATA = os.path.join(os.path.dirname(ROOT), "shared", "data")
+DATA = os.environ.get("PORTABLE_LOADER_DATA", os.path.join(os.path.dirname(ROOT), "shared", "data"))
 BATCH, SEQ = 8, 2048
 
 

@@ -77,3 +77,24 @@ def test_a_plain_checkout_on_pythonpath_imports_the_adapters(tmp_path):
     assert out.returncode == 0, out.stderr[-3000:]
     where, editable = json.loads(out.stdout.strip().splitlines()[-1])
     assert where == str(root / "portable_loader" / "adapters" / "torch.py") and not editable
+
+
+def test_every_core_module_imports_without_grain_or_array_record():
+    # A GPU host (docs/performance.md) has torch and JAX but neither wheel: the package must still import
+    # there, Grain's face included, and use them only where asked (a Grain pipeline, an ArrayRecord cache).
+    code = (
+        "import importlib, json, sys\n"
+        "class Absent:\n"
+        "    def find_spec(self, name, path=None, target=None):\n"
+        "        if name.split('.')[0] in ('grain', 'array_record'):\n"
+        "            raise ModuleNotFoundError(f'No module named {name!r}', name=name)\n"
+        "sys.meta_path.insert(0, Absent())\n"
+        "failed = {}\n"
+        f"for name in {_core_modules()!r}:\n"
+        "    try:\n"
+        "        importlib.import_module(name)\n"
+        "    except Exception as e:\n"
+        "        failed[name] = f'{type(e).__name__}: {e}'\n"
+        "print(json.dumps([failed, sorted(m for m in sys.modules if m.split('.')[0] in ('grain', 'array_record'))]))\n"
+    )
+    assert _fresh_import(code) == [{}, []]
