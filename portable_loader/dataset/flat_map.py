@@ -97,6 +97,7 @@ class FlatMapMapDataset(Dataset):
 
         self.parent = source(parent)
         self.transform, self.fn = transform, flat_map_function(transform)
+        self._fn_id = function_identity(self.fn)  # taken as the step is built, never from what fn did since
         fan_out = getattr(transform, "max_fan_out", None)
         if isinstance(fan_out, bool) or not isinstance(fan_out, (int, np.integer)) or fan_out <= 0:
             raise ValueError(f"FlatMapMapDataset: {type(transform).__name__}.max_fan_out must be a positive integer, "
@@ -147,7 +148,7 @@ class FlatMapMapDataset(Dataset):
         return np.asarray([0 if r is None else len(r["input_ids"]) for r in records], dtype=np.int64)
 
     def _identity(self) -> tuple:
-        return (self.parent.fingerprint(), self.fan_out, function_identity(self.fn))
+        return (self.parent.fingerprint(), self.fan_out, self._fn_id)
 
     def reopen(self) -> "FlatMapMapDataset":
         return over_reopened_parent(self)

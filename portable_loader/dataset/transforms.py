@@ -178,13 +178,21 @@ class _Transform(PassesMixture, Dataset):
     def _with_parent(self, parent: Dataset) -> "_Transform":
         raise NotImplementedError
 
-    def _identity(self) -> tuple:
+    def _name_function(self) -> None:
+        """Take the function's identity now, as the step is built (:func:`function_identity`)."""
         fn = self.__dict__[self._callable_attr]
-        return (self.parent.fingerprint(), ("name", self.name) if self.name is not None else function_identity(fn))
+        self._fn_id = ("name", self.name) if self.name is not None else function_identity(fn)
+
+    def _identity(self) -> tuple:
+        return (self.parent.fingerprint(), self._fn_id)
 
     def reopen(self) -> "_Transform":
         parent = self.parent.reopen()
-        return self if parent is self.parent else self._with_parent(parent)
+        if parent is self.parent:
+            return self
+        view = self._with_parent(parent)
+        view._fn_id = self._fn_id  # named as the step was built, whatever the function did since
+        return view
 
 
 def _label(kind: str, fn, name: str | None) -> str:
@@ -220,6 +228,7 @@ class Map(_Transform):
         if name is not None and not isinstance(name, str):
             raise TypeError(f"map(name=...) must be a string, got {type(name).__name__}")
         self.parent, self.fn, self.name, self.keeps_lengths = parent, fn, name, bool(keeps_lengths)
+        self._name_function()
         self.cheap_lengths = self.keeps_lengths and parent.cheap_lengths
         self.fork_hazard = parent.fork_hazard
         self.filters = parent.filters
@@ -360,6 +369,7 @@ class Filter(_Transform):
         if name is not None and not isinstance(name, str):
             raise TypeError(f"filter(name=...) must be a string, got {type(name).__name__}")
         self.parent, self.pred, self.name = parent, pred, name
+        self._name_function()
         self.label = _label("filter", pred, name)
         self.cheap_lengths = parent.cheap_lengths
         self.fork_hazard = parent.fork_hazard
