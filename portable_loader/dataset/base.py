@@ -49,7 +49,8 @@ from portable_loader.collate import check_token_records
 from portable_loader.dataset.protocols import Capabilities
 from portable_loader.indexing import parse_index
 
-__all__ = ["Dataset", "as_indices", "attributes_of", "digest", "function_identity", "records_digest", "within"]
+__all__ = ["INT64_MAX", "Dataset", "as_indices", "attributes_of", "digest", "exact", "function_identity", "narrow",
+           "records_digest", "within"]
 
 _DIGEST_HEX = 16  # 64 bits: states are compared, never looked up among many
 
@@ -471,14 +472,48 @@ def _is_index(key) -> bool:
     return isinstance(key, (int, np.integer)) and not isinstance(key, bool)
 
 
+#: The largest index an int64 holds. An index past it is legal: epoch ``e >= 1`` of an endless
+#: (``sys.maxsize`` long) dataset starts at ``e * sys.maxsize``, and Grain, in Python integers, reads it there.
+INT64_MAX = int(np.iinfo(np.int64).max)
+
+
 def as_indices(indices) -> np.ndarray:
-    """``indices`` (a sequence or array of integers) as a flat int64 array.
+    """``indices`` (a sequence or array of integers) as a flat int64 array, or, where one is past
+    :data:`INT64_MAX`, an array of Python integers (dtype object), which numpy's arithmetic keeps exact.
 
     Example:
         >>> as_indices([3, 1]).tolist()
         [3, 1]
+        >>> import sys; as_indices([1, 2 * sys.maxsize]).dtype
+        dtype('O')
     """
-    return np.asarray(indices, dtype=np.int64).reshape(-1)
+    try:
+        return np.asarray(indices, dtype=np.int64).reshape(-1)
+    except OverflowError:
+        return np.asarray([int(i) for i in np.asarray(indices, dtype=object).reshape(-1)], dtype=object)
+
+
+def exact(indices: np.ndarray, largest: int) -> np.ndarray:
+    """``indices`` ready for arithmetic whose results reach ``largest``: as Python integers where that
+    is past :data:`INT64_MAX` (an int64 would wrap silently), else as they are.
+
+    Example:
+        >>> import sys; exact(np.arange(2), 2 * sys.maxsize).dtype, exact(np.arange(2), 10).dtype
+        (dtype('O'), dtype('int64'))
+    """
+    return indices.astype(object) if largest > INT64_MAX and indices.dtype != object else indices
+
+
+def narrow(indices: np.ndarray) -> np.ndarray:
+    """``indices`` as int64 where every one fits (the fast path below), else unchanged.
+
+    Example:
+        >>> import sys; narrow(np.array([1, 2], dtype=object)).dtype, narrow(np.array([2 * sys.maxsize], dtype=object)).dtype
+        (dtype('int64'), dtype('O'))
+    """
+    if indices.dtype == object and (not indices.size or (min(indices) >= -INT64_MAX and max(indices) <= INT64_MAX)):
+        return indices.astype(np.int64)
+    return indices
 
 
 def within(ds: Dataset, indices):
@@ -497,7 +532,7 @@ def within(ds: Dataset, indices):
     if idx.size and (idx.min() < 0 or idx.max() >= n):
         if n == 0:
             raise IndexError("cannot read from an empty dataset")
-        return idx % n
+        return narrow(idx % n)
     return indices
 
 

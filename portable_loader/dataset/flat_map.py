@@ -114,7 +114,7 @@ class FlatMapMapDataset(Dataset):
     def _split(self, indices) -> tuple[np.ndarray, dict]:
         """The slots' pieces: ``(piece index per slot, {record index: its pieces, or None for a hole below})``."""
         idx = as_indices(indices)
-        records, piece = np.divmod(idx, self.fan_out)
+        records, piece = idx // self.fan_out, idx % self.fan_out  # np.divmod has no Python-integer form
         keys = np.unique(records)
         read = self.parent.__getitems__(within(self.parent, keys))
         split = {}

@@ -30,7 +30,7 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from portable_loader.dataset.base import Dataset, function_identity, within
+from portable_loader.dataset.base import Dataset, as_indices, function_identity, within
 
 __all__ = ["Filter", "Map", "PassesMixture", "apply_transformations", "as_function"]
 
@@ -258,7 +258,7 @@ class Map(_Transform):
     def lengths(self, indices) -> np.ndarray:
         if self.keeps_lengths:
             return self.parent.lengths(within(self.parent, indices))
-        idx = np.asarray(indices, dtype=np.int64).reshape(-1)
+        idx = as_indices(indices)
         if not self.tokenizes_ahead or (idx.size and (idx.min() < 0 or idx.max() >= len(self))):
             return super().lengths(indices)
         known = self._known()
@@ -396,7 +396,7 @@ class Filter(_Transform):
             >>> ds.accepts([1, 0]).tolist()
             [False, True]
         """
-        idx = np.asarray(indices, dtype=np.int64).reshape(-1)
+        idx = as_indices(indices)
         ok = self.parent.accepts(within(self.parent, idx)) if self.parent.filters else np.ones(idx.size, dtype=bool)
         where = np.flatnonzero(ok)
         if where.size:
@@ -426,7 +426,7 @@ class Filter(_Transform):
             out = [_copy(self._memo.get(i)) for i in keys]
         missing = [j for j, r in enumerate(out) if r is None]
         if missing:
-            read = self.parent.__getitems__(within(self.parent, np.asarray([keys[j] for j in missing], dtype=np.int64)))
+            read = self.parent.__getitems__(within(self.parent, as_indices([keys[j] for j in missing])))
             for j, record in zip(missing, read):
                 out[j] = record if record is not None and self._test(keys[j], record) else None
         return out
@@ -434,7 +434,7 @@ class Filter(_Transform):
     def lengths(self, indices) -> np.ndarray:
         if self.parent.cheap_lengths:
             return self.parent.lengths(within(self.parent, indices))
-        idx = np.asarray(indices, dtype=np.int64).reshape(-1)
+        idx = as_indices(indices)
         with self._lock:
             known = [self._memo.get(i) for i in idx.tolist()]
         out = np.empty(idx.size, dtype=np.int64)
