@@ -240,3 +240,52 @@ def test_the_saving_run_equals_real_grain(saved):
         theirs["batch"]["head"] + theirs["batch"]["tail"]
     assert results["loader2"]["head"] + results["loader2"]["tail"] == \
         theirs["loader0"]["head"] + theirs["loader0"]["tail"]
+
+
+def test_a_map_dataset_subclass_is_named_as_its_constructor_left_it():
+    from portable_loader import grain as ours
+
+    class Cached(ours.MapDataset):  # Grain's way to add a step: fills a cache on every read
+        def __init__(self, parent, k):
+            super().__init__(parent)
+            self.k, self._cache = k, {}
+
+        def __len__(self):
+            return len(self._parent)
+
+        def __getitem__(self, i):
+            return self._cache.setdefault(i, self._parent[i] * self.k)
+
+    def fingerprint(k, read):
+        ds = Cached(ours.MapDataset.range(5), k)
+        if read:
+            assert [ds[i] for i in range(5)] == [i * k for i in range(5)]
+        return ds.fingerprint()
+
+    assert fingerprint(2, read=True) == fingerprint(2, read=False) != fingerprint(3, read=False)
+
+
+def test_a_dataclass_transform_is_named_by_its_constructor_fields():
+    import dataclasses
+    import threading
+
+    from portable_loader import grain as ours
+    from portable_loader.dataset.base import function_identity
+
+    @dataclasses.dataclass
+    class Scale(ours.transforms.Map):
+        k: int
+
+        def __post_init__(self):
+            self._table, self._lock = None, threading.Lock()
+
+        def map(self, x):
+            self._table = self._table or {"k": self.k}
+            return x * self._table["k"]
+
+    used = Scale(2)
+    assert list(ours.MapDataset.range(3).map(used)) == [0, 2, 4]
+    assert function_identity(used) == function_identity(Scale(2)) != function_identity(Scale(3))
+    built = ours.MapDataset.range(3).map(Scale(2))
+    assert built.fingerprint() == ours.MapDataset.range(3).map(used).fingerprint()
+    assert built.fingerprint() != ours.MapDataset.range(3).map(Scale(3)).fingerprint()
