@@ -32,10 +32,15 @@ Grain's results, element for element (shuffles in Grain's order, :mod:`portable_
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
+import io
 import pickle
+import queue
+import socket
+import threading
 import types
-from functools import partial
+from functools import partial, wraps
 from typing import Any, Callable, Sequence
 
 import numpy as np
@@ -44,7 +49,8 @@ from portable_loader.collate import check_token_records
 from portable_loader.dataset.protocols import Capabilities
 from portable_loader.indexing import parse_index
 
-__all__ = ["Dataset", "as_indices", "digest", "function_identity", "records_digest", "within"]
+__all__ = ["INT64_MAX", "Dataset", "as_indices", "attributes_of", "digest", "exact", "function_identity", "narrow",
+           "records_digest", "within"]
 
 _DIGEST_HEX = 16  # 64 bits: states are compared, never looked up among many
 
@@ -139,14 +145,21 @@ class Dataset(Capabilities):
         """Grain's name for the batched read: ``__getitems__``."""
         return self.__getitems__(indices)
 
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        if "__init__" in cls.__dict__ and cls._identity is Dataset._identity:
+            cls.__init__ = _naming_at_build(cls.__dict__["__init__"])
+
     def _identity(self) -> tuple:
         """What a Grain-style subclass (one that defines no ``_identity``) is fingerprinted by: its class,
-        its plain attributes and its parents' fingerprints, or, without parents, its content (as
-        :func:`records_digest` samples it)."""
-        fields = {k: v for k, v in vars(self).items() if k not in ("_parents", "_fingerprint")}
+        its attributes as its constructor left them (:func:`attributes_of`) and its parents'
+        fingerprints, or, without parents, its content (as :func:`records_digest` samples it)."""
+        fields = self.__dict__.get("_built_fields")
+        if fields is None:  # a subclass that defines no __init__ of its own
+            fields = _own_fields(self)
         parents = self.parents
         content = records_digest(self.__getitems__, len(self)) if not parents else None
-        return (_qualified(type(self)), _plain(fields), tuple(p.fingerprint() for p in parents), content)
+        return (_qualified(type(self)), fields, tuple(p.fingerprint() for p in parents), content)
 
     def lengths(self, indices: Sequence[int] | np.ndarray) -> np.ndarray:
         """Token counts (``len(record["input_ids"])``) of the records at ``indices``, as int64."""
@@ -437,18 +450,70 @@ class Dataset(Capabilities):
         return f"{type(self).__name__}(records={len(self)}, fingerprint={self.fingerprint()})"
 
 
+def _naming_at_build(init):
+    """``init``, then the instance's fields taken once, as its constructor leaves them: a subclass that
+    fills a cache or opens a file on its first read keeps the fingerprint it was built with."""
+
+    @wraps(init)
+    def __init__(self, *args, **kwargs):
+        init(self, *args, **kwargs)
+        # Each level of a subclass chain takes them; the outermost, last to return, has the last word.
+        object.__setattr__(self, "_built_fields", _own_fields(self))
+
+    return __init__
+
+
+def _own_fields(ds) -> dict:
+    skip = ("_parents", "_fingerprint", "_built_fields")
+    return _plain({k: v for k, v in attributes_of(ds).items() if k not in skip})
+
+
 def _is_index(key) -> bool:
     return isinstance(key, (int, np.integer)) and not isinstance(key, bool)
 
 
+#: The largest index an int64 holds. An index past it is legal: epoch ``e >= 1`` of an endless
+#: (``sys.maxsize`` long) dataset starts at ``e * sys.maxsize``, and Grain, in Python integers, reads it there.
+INT64_MAX = int(np.iinfo(np.int64).max)
+
+
 def as_indices(indices) -> np.ndarray:
-    """``indices`` (a sequence or array of integers) as a flat int64 array.
+    """``indices`` (a sequence or array of integers) as a flat int64 array, or, where one is past
+    :data:`INT64_MAX`, an array of Python integers (dtype object), which numpy's arithmetic keeps exact.
 
     Example:
         >>> as_indices([3, 1]).tolist()
         [3, 1]
+        >>> import sys; as_indices([1, 2 * sys.maxsize]).dtype
+        dtype('O')
     """
-    return np.asarray(indices, dtype=np.int64).reshape(-1)
+    try:
+        return np.asarray(indices, dtype=np.int64).reshape(-1)
+    except OverflowError:
+        return np.asarray([int(i) for i in np.asarray(indices, dtype=object).reshape(-1)], dtype=object)
+
+
+def exact(indices: np.ndarray, largest: int) -> np.ndarray:
+    """``indices`` ready for arithmetic whose results reach ``largest``: as Python integers where that
+    is past :data:`INT64_MAX` (an int64 would wrap silently), else as they are.
+
+    Example:
+        >>> import sys; exact(np.arange(2), 2 * sys.maxsize).dtype, exact(np.arange(2), 10).dtype
+        (dtype('O'), dtype('int64'))
+    """
+    return indices.astype(object) if largest > INT64_MAX and indices.dtype != object else indices
+
+
+def narrow(indices: np.ndarray) -> np.ndarray:
+    """``indices`` as int64 where every one fits (the fast path below), else unchanged.
+
+    Example:
+        >>> import sys; narrow(np.array([1, 2], dtype=object)).dtype, narrow(np.array([2 * sys.maxsize], dtype=object)).dtype
+        (dtype('int64'), dtype('O'))
+    """
+    if indices.dtype == object and (not indices.size or (min(indices) >= -INT64_MAX and max(indices) <= INT64_MAX)):
+        return indices.astype(np.int64)
+    return indices
 
 
 def within(ds: Dataset, indices):
@@ -467,7 +532,7 @@ def within(ds: Dataset, indices):
     if idx.size and (idx.min() < 0 or idx.max() >= n):
         if n == 0:
             raise IndexError("cannot read from an empty dataset")
-        return idx % n
+        return narrow(idx % n)
     return indices
 
 
@@ -560,8 +625,12 @@ def function_identity(fn) -> tuple:
     a function defined inside another one has no unique name, so its code is hashed instead (bytecode,
     constants, names) together with the plain values it closes over (bytecode differs between
     Python versions: give such a function a ``name=`` when a run must resume after an upgrade);
-    ``functools.partial`` adds its arguments; a callable object is named by its class and its plain
-    attributes.
+    ``functools.partial`` adds its arguments; a callable object (a Grain transform) is named by its
+    class and :func:`attributes_of` it.
+
+    A pipeline step calls this once, when it is built, and keeps the result: what a transform does
+    to itself while it runs (a tokenizer made on first use, a call counter) never reaches a
+    fingerprint, so the same pipeline built again, in this process or a new one, accepts its state.
 
     Example:
         >>> function_identity(len)
@@ -572,14 +641,49 @@ def function_identity(fn) -> tuple:
     if isinstance(fn, partial):
         return ("partial", function_identity(fn.func), _plain(fn.args), _plain(fn.keywords))
     if isinstance(fn, types.MethodType):
-        return ("method", function_identity(fn.__func__), _qualified(type(fn.__self__)), _plain(vars_of(fn.__self__)))
+        return ("method", function_identity(fn.__func__), _qualified(type(fn.__self__)), _plain(attributes_of(fn.__self__)))
     qualname = getattr(fn, "__qualname__", None)
     if isinstance(fn, types.FunctionType) and ("<lambda>" in qualname or "<locals>" in qualname):
         cells = [c.cell_contents if _filled(c) else None for c in fn.__closure__ or ()]
         return (_qualified(fn), _code(fn.__code__), _plain(cells), _plain(fn.__defaults__))
     if qualname is not None:
         return (_qualified(fn),)
-    return ("object", _qualified(type(fn)), _plain(vars_of(fn)))
+    return ("object", _qualified(type(fn)), _plain(attributes_of(fn)))
+
+
+# What an object holds only while it runs: never part of what it is.
+_RUNTIME = (type(threading.Lock()), type(threading.RLock()), threading.Condition, threading.Event,
+            threading.Semaphore, threading.Thread, threading.local, io.IOBase, socket.socket, queue.Queue,
+            types.GeneratorType)
+
+
+def attributes_of(obj) -> dict:
+    """What names an object in a fingerprint: a dataclass's constructor fields (``init=True``), any
+    other object's attributes; locks, threads, open files, sockets, queues and generators left out.
+
+    Fields set in ``__post_init__`` (a processor made on first use, its lock) are not what the
+    dataclass was built with; a plain class has no such line between its arguments and its caches,
+    so it is named by all its attributes, as they are when the pipeline step is built.
+
+    Example:
+        >>> import dataclasses, threading
+        >>> @dataclasses.dataclass
+        ... class Tokenize:
+        ...     max_len: int
+        ...     def __post_init__(self):
+        ...         self._processor, self._lock = None, threading.Lock()
+        >>> attributes_of(Tokenize(8))
+        {'max_len': 8}
+        >>> class Plain:
+        ...     def __init__(self): self.n, self.log = 3, open(__file__)
+        >>> p = Plain(); attributes_of(p), p.log.close()
+        ({'n': 3}, None)
+    """
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        own = {f.name: getattr(obj, f.name, None) for f in dataclasses.fields(obj) if f.init}
+    else:
+        own = vars_of(obj)
+    return {k: v for k, v in own.items() if not isinstance(v, _RUNTIME)}
 
 
 def _filled(cell) -> bool:

@@ -141,6 +141,8 @@ class Batch(Dataset):
             )
         self.parent, self.batch_size = parent, int(batch_size)
         self.drop_remainder, self.batch_fn = bool(drop_remainder), batch_fn
+        # Taken as the step is built, never from what batch_fn did to itself since.
+        self._fn_id = ("stack",) if batch_fn is None else function_identity(batch_fn)
         self.fork_hazard = parent.fork_hazard
         n = len(parent)
         self._length = n // self.batch_size if self.drop_remainder else math.ceil(n / self.batch_size)
@@ -168,11 +170,12 @@ class Batch(Dataset):
         return out
 
     def _identity(self) -> tuple:
-        fn = ("stack",) if self.batch_fn is None else function_identity(self.batch_fn)
-        return (self.parent.fingerprint(), self.batch_size, self.drop_remainder, fn)
+        return (self.parent.fingerprint(), self.batch_size, self.drop_remainder, self._fn_id)
 
     def reopen(self) -> "Batch":
         parent = self.parent.reopen()
         if parent is self.parent:
             return self
-        return Batch(parent, self.batch_size, drop_remainder=self.drop_remainder, batch_fn=self.batch_fn)
+        view = Batch(parent, self.batch_size, drop_remainder=self.drop_remainder, batch_fn=self.batch_fn)
+        view._fn_id = self._fn_id
+        return view

@@ -97,6 +97,7 @@ class FlatMapMapDataset(Dataset):
 
         self.parent = source(parent)
         self.transform, self.fn = transform, flat_map_function(transform)
+        self._fn_id = function_identity(self.fn)  # taken as the step is built, never from what fn did since
         fan_out = getattr(transform, "max_fan_out", None)
         if isinstance(fan_out, bool) or not isinstance(fan_out, (int, np.integer)) or fan_out <= 0:
             raise ValueError(f"FlatMapMapDataset: {type(transform).__name__}.max_fan_out must be a positive integer, "
@@ -113,7 +114,7 @@ class FlatMapMapDataset(Dataset):
     def _split(self, indices) -> tuple[np.ndarray, dict]:
         """The slots' pieces: ``(piece index per slot, {record index: its pieces, or None for a hole below})``."""
         idx = as_indices(indices)
-        records, piece = np.divmod(idx, self.fan_out)
+        records, piece = idx // self.fan_out, idx % self.fan_out  # np.divmod has no Python-integer form
         keys = np.unique(records)
         read = self.parent.__getitems__(within(self.parent, keys))
         split = {}
@@ -147,7 +148,7 @@ class FlatMapMapDataset(Dataset):
         return np.asarray([0 if r is None else len(r["input_ids"]) for r in records], dtype=np.int64)
 
     def _identity(self) -> tuple:
-        return (self.parent.fingerprint(), self.fan_out, function_identity(self.fn))
+        return (self.parent.fingerprint(), self.fan_out, self._fn_id)
 
     def reopen(self) -> "FlatMapMapDataset":
         return over_reopened_parent(self)

@@ -78,6 +78,7 @@ class RandomMap(_IndexedTransform):
     def __init__(self, parent, fn, *, seed: int | None = None, name: str | None = None):
         self.parent, self.name = parent, name
         self.fn = as_function(fn, "random_map", "RandomMap", refuse=("map", "map_with_index"))
+        self._name_function()
         seed = default_seed(parent) if seed is None else seed
         if seed is None:
             raise ValueError(
@@ -109,6 +110,7 @@ class MapWithIndex(_IndexedTransform):
     def __init__(self, parent, fn, *, name: str | None = None):
         self.parent, self.name = parent, name
         self.fn = as_function(fn, "map_with_index", "MapWithIndex", refuse=("map", "random_map"))
+        self._name_function()
         self.fork_hazard, self.filters = parent.fork_hazard, parent.filters
 
     def _apply(self, indices: list, records: list) -> list:

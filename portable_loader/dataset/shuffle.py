@@ -27,6 +27,7 @@ import numbers
 import numpy as np
 
 from portable_loader.orders.index_shuffle import ORDER, EpochShuffle
+from portable_loader.dataset.base import narrow
 from portable_loader.dataset.remap import Remap
 from portable_loader.dataset.seeds import default_seed
 
@@ -60,7 +61,7 @@ class Shuffle(Remap):
     def _remap(self, idx: np.ndarray) -> np.ndarray:
         if self._order is None:  # built on first read: an empty parent has no permutation
             self._order = EpochShuffle(len(self.parent), self._seed)
-        return self._order(idx)
+        return narrow(self._order(idx))
 
     def _params(self) -> tuple:
         # ORDER names the permutation: a state saved when shuffles had another order is refused.

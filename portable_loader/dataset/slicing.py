@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from portable_loader.dataset.base import exact, narrow
 from portable_loader.dataset.remap import Remap
 
 __all__ = ["Slice"]
@@ -46,8 +47,11 @@ class Slice(Remap):
         return self._length
 
     def _remap(self, idx: np.ndarray) -> np.ndarray:
-        epoch, offset = np.divmod(idx, self._length)
-        return self.start + offset * self.step + epoch * self._parent_length
+        # Epoch e of the view reads epoch e of the parent: past an endless parent, past int64.
+        epochs = int(idx.max()) // self._length + 1 if idx.size else 0
+        idx = exact(idx, epochs * self._parent_length + abs(self.start))
+        epoch, offset = idx // self._length, idx % self._length
+        return narrow(self.start + offset * self.step + epoch * self._parent_length)
 
     def _params(self) -> tuple:
         return ("slice", self.start, self.stop, self.step, self._parent_length)

@@ -19,7 +19,7 @@ from __future__ import annotations
 import sys
 import numpy as np
 
-from portable_loader.dataset.base import Dataset, function_identity, records_digest, vars_of
+from portable_loader.dataset.base import Dataset, attributes_of, function_identity, records_digest
 
 __all__ = ["source", "Cache", "GrainTree", "HFDataset", "Records"]
 
@@ -247,6 +247,9 @@ class GrainTree(Dataset):
 
     def __init__(self, tree):
         self.tree = tree
+        # Taken now, as the pipeline is built: a transform that fills a cache on its first read keeps
+        # its name. The leaves' content is read only when a fingerprint is asked for.
+        self._tree_id = _node_identity(tree)
 
     def __len__(self) -> int:
         return len(self.tree)
@@ -257,7 +260,7 @@ class GrainTree(Dataset):
         return list(batched(indices)) if batched is not None else [self.tree[i] for i in indices]
 
     def _identity(self) -> tuple:
-        return (_node_identity(self.tree),)
+        return (_with_leaf_fingerprints(self._tree_id),)
 
 
 def not_a_hole(record) -> bool:
@@ -280,7 +283,7 @@ _SET_ON_READ = frozenset({"_stats", "_transform_name", "_source_name"})
 
 def _node_identity(node) -> tuple:
     params, fn = {}, ()
-    for k, v in sorted(vars_of(node).items()):
+    for k, v in sorted(attributes_of(node).items()):
         if k == "_transform":
             fn = function_identity(v)
         elif k in _SET_ON_READ:
@@ -288,7 +291,13 @@ def _node_identity(node) -> tuple:
         elif v is None or isinstance(v, (bool, int, float, str, bytes)):
             params[k] = v
     parents = tuple(_node_identity(p) for p in getattr(node, "_parents", ()) or ())
-    leaf = getattr(node, "_source", None)
-    leaf_id = source(leaf).fingerprint() if leaf is not None and not parents else None
-    return (f"{type(node).__module__}.{type(node).__qualname__}", fn, params, leaf_id, parents)
+    leaf = None if parents else getattr(node, "_source", None)
+    return (f"{type(node).__module__}.{type(node).__qualname__}", fn, params, leaf, parents)
+
+
+def _with_leaf_fingerprints(node_id: tuple) -> tuple:
+    """A :func:`_node_identity` with each leaf source replaced by its fingerprint (:func:`source`)."""
+    name, fn, params, leaf, parents = node_id
+    leaf_id = None if leaf is None else source(leaf).fingerprint()
+    return (name, fn, params, leaf_id, tuple(_with_leaf_fingerprints(p) for p in parents))
 

@@ -30,7 +30,7 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from portable_loader.dataset.base import Dataset, function_identity, within
+from portable_loader.dataset.base import Dataset, as_indices, function_identity, within
 
 __all__ = ["Filter", "Map", "PassesMixture", "apply_transformations", "as_function"]
 
@@ -178,13 +178,21 @@ class _Transform(PassesMixture, Dataset):
     def _with_parent(self, parent: Dataset) -> "_Transform":
         raise NotImplementedError
 
-    def _identity(self) -> tuple:
+    def _name_function(self) -> None:
+        """Take the function's identity now, as the step is built (:func:`function_identity`)."""
         fn = self.__dict__[self._callable_attr]
-        return (self.parent.fingerprint(), ("name", self.name) if self.name is not None else function_identity(fn))
+        self._fn_id = ("name", self.name) if self.name is not None else function_identity(fn)
+
+    def _identity(self) -> tuple:
+        return (self.parent.fingerprint(), self._fn_id)
 
     def reopen(self) -> "_Transform":
         parent = self.parent.reopen()
-        return self if parent is self.parent else self._with_parent(parent)
+        if parent is self.parent:
+            return self
+        view = self._with_parent(parent)
+        view._fn_id = self._fn_id  # named as the step was built, whatever the function did since
+        return view
 
 
 def _label(kind: str, fn, name: str | None) -> str:
@@ -220,6 +228,7 @@ class Map(_Transform):
         if name is not None and not isinstance(name, str):
             raise TypeError(f"map(name=...) must be a string, got {type(name).__name__}")
         self.parent, self.fn, self.name, self.keeps_lengths = parent, fn, name, bool(keeps_lengths)
+        self._name_function()
         self.cheap_lengths = self.keeps_lengths and parent.cheap_lengths
         self.fork_hazard = parent.fork_hazard
         self.filters = parent.filters
@@ -249,7 +258,7 @@ class Map(_Transform):
     def lengths(self, indices) -> np.ndarray:
         if self.keeps_lengths:
             return self.parent.lengths(within(self.parent, indices))
-        idx = np.asarray(indices, dtype=np.int64).reshape(-1)
+        idx = as_indices(indices)
         if not self.tokenizes_ahead or (idx.size and (idx.min() < 0 or idx.max() >= len(self))):
             return super().lengths(indices)
         known = self._known()
@@ -360,6 +369,7 @@ class Filter(_Transform):
         if name is not None and not isinstance(name, str):
             raise TypeError(f"filter(name=...) must be a string, got {type(name).__name__}")
         self.parent, self.pred, self.name = parent, pred, name
+        self._name_function()
         self.label = _label("filter", pred, name)
         self.cheap_lengths = parent.cheap_lengths
         self.fork_hazard = parent.fork_hazard
@@ -386,7 +396,7 @@ class Filter(_Transform):
             >>> ds.accepts([1, 0]).tolist()
             [False, True]
         """
-        idx = np.asarray(indices, dtype=np.int64).reshape(-1)
+        idx = as_indices(indices)
         ok = self.parent.accepts(within(self.parent, idx)) if self.parent.filters else np.ones(idx.size, dtype=bool)
         where = np.flatnonzero(ok)
         if where.size:
@@ -416,7 +426,7 @@ class Filter(_Transform):
             out = [_copy(self._memo.get(i)) for i in keys]
         missing = [j for j, r in enumerate(out) if r is None]
         if missing:
-            read = self.parent.__getitems__(within(self.parent, np.asarray([keys[j] for j in missing], dtype=np.int64)))
+            read = self.parent.__getitems__(within(self.parent, as_indices([keys[j] for j in missing])))
             for j, record in zip(missing, read):
                 out[j] = record if record is not None and self._test(keys[j], record) else None
         return out
@@ -424,7 +434,7 @@ class Filter(_Transform):
     def lengths(self, indices) -> np.ndarray:
         if self.parent.cheap_lengths:
             return self.parent.lengths(within(self.parent, indices))
-        idx = np.asarray(indices, dtype=np.int64).reshape(-1)
+        idx = as_indices(indices)
         with self._lock:
             known = [self._memo.get(i) for i in idx.tolist()]
         out = np.empty(idx.size, dtype=np.int64)

@@ -23,6 +23,7 @@ import numbers
 
 import numpy as np
 
+from portable_loader.dataset.base import exact, narrow
 from portable_loader.dataset.remap import Remap
 from portable_loader.orders.keyed import splitmix64
 
@@ -56,17 +57,17 @@ class WindowShuffle(Remap):
 
     def _remap(self, idx: np.ndarray) -> np.ndarray:
         n, size = len(self.parent), self._window
-        epochs, pos = np.divmod(idx, n)
+        idx = exact(idx, (int(idx.max()) // n + 1) * n if idx.size else 0)
+        epochs, pos = idx // n, (idx % n).astype(np.int64)
         windows = pos // size
         out = np.empty_like(idx)
-        pairs = np.stack([epochs, windows], axis=1)
-        for epoch, w in np.unique(pairs, axis=0).tolist():
+        for epoch, w in sorted(set(zip(epochs.tolist(), windows.tolist()))):
             sel = (epochs == epoch) & (windows == w)
             start = w * size
             key = splitmix64(self._seed ^ splitmix64((epoch << 32) ^ w)) & (2**32 - 1)
             perm = _permutation(min(size, n - start), key)
-            out[sel] = epoch * n + start + perm.record_indices(pos[sel] - start)
-        return out
+            out[sel] = perm.record_indices(pos[sel] - start).astype(idx.dtype) + (epoch * n + start)
+        return narrow(out)
 
     def _params(self) -> tuple:
         return ("window_shuffle", self._window, self._seed)

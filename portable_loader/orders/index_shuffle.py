@@ -48,6 +48,7 @@ ORDER = "grain-0.2.18-index-shuffle"
 
 _MIN_BLOCK = 16  # Grain's smallest block, in bits
 _MASK32 = (1 << 32) - 1
+_INT64_MAX = (1 << 63) - 1
 #: Up to this many indices are mapped in Python integers: numpy's per-call cost dominates below it.
 FEW = 16
 #: Below this many records the whole permutation is computed once and looked up (see the module docstring).
@@ -286,13 +287,24 @@ class EpochShuffle:
         return perm
 
     def __call__(self, indices: np.ndarray) -> np.ndarray:
-        """Grain's shuffled index of each non-negative int64 index (int64, same shape)."""
-        epochs, pos = np.divmod(indices, self.n)
+        """Grain's shuffled index of each non-negative index (same shape).
+
+        Indices are int64, or Python integers (dtype object) where an epoch of an endless parent
+        starts past ``2**63 - 1``; the result is Python integers exactly where it does not fit an int64.
+
+        Example:
+            >>> import sys
+            >>> EpochShuffle(sys.maxsize, seed=0)(np.array([sys.maxsize + 1], dtype=object))[0] >= sys.maxsize
+            True
+        """
+        if indices.size and indices.dtype != object and (int(indices.max()) // self.n + 1) * self.n > _INT64_MAX:
+            indices = indices.astype(object)  # an int64 would wrap, silently, in the sum below
+        epochs, pos = indices // self.n, (indices % self.n).astype(np.int64)
         first = int(epochs.flat[0]) if epochs.size else 0
         if (epochs == first).all():  # the usual case: one epoch per read
-            return self.epoch(first)(pos) + first * self.n
+            return self.epoch(first)(pos).astype(indices.dtype) + first * self.n
         out = np.empty_like(indices)
         for e in np.unique(epochs).tolist():
             sel = epochs == e
-            out[sel] = self.epoch(e)(pos[sel]) + e * self.n
+            out[sel] = self.epoch(e)(pos[sel]).astype(indices.dtype) + e * self.n
         return out

@@ -355,11 +355,11 @@ class _BatchNode(IterDataset):
         if batch_fn is not None and not callable(batch_fn):
             raise TypeError(f"batch_fn must be callable, got {type(batch_fn).__name__}")
         self.batch_size, self.drop_remainder, self.batch_fn = int(batch_size), drop_remainder, batch_fn
+        self._fn_id = None if batch_fn is None else function_identity(batch_fn)  # as built, see ops.ElementOp
 
     def _identity(self) -> tuple:
         # batch_size is left out: a state is a position between batches, so it resumes at another size.
-        fn = None if self.batch_fn is None else function_identity(self.batch_fn)
-        return ("batch", self.drop_remainder, fn, self._parent._identity())
+        return ("batch", self.drop_remainder, self._fn_id, self._parent._identity())
 
 
 class _SeedNode(IterDataset):

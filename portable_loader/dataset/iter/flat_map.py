@@ -59,9 +59,10 @@ class FlatMapIterDataset(IterDataset):
     def __init__(self, parent, transform):
         super().__init__((as_iter_dataset(parent, "FlatMapIterDataset"),))
         self.transform, self.fn = transform, flat_map_function(transform)
+        self._fn_id = function_identity(self.fn)  # taken as the step is built, never from what fn did since
 
     def _identity(self) -> tuple:
-        return ("flat_map", function_identity(self.fn), self._parent._identity())
+        return ("flat_map", self._fn_id, self._parent._identity())
 
     def _make_part(self, children: list, n: int) -> "FlatMapIter":
         return FlatMapIter(f"{n}.flat_map.index", children[0], self.fn)

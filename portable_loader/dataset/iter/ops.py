@@ -91,6 +91,7 @@ class ElementOp:
         if kind not in _KINDS:
             raise ValueError(f"unknown element operation {kind!r}")
         self.kind, self.transform, self.seed = kind, transform, seed
+        self._fn_id = function_identity(transform)  # taken as the step is built, never from what it did since
         self.fn = resolve_transform(kind, transform)
         self.ordinal = kind in ("random_map", "map_with_index")
         self.drops = kind == "filter"
@@ -98,7 +99,7 @@ class ElementOp:
 
     def identity(self) -> tuple:
         """What names this operation in a pipeline's fingerprint."""
-        return (self.kind, function_identity(self.transform), None if self.seed is None else int(self.seed))
+        return (self.kind, self._fn_id, None if self.seed is None else int(self.seed))
 
     def __getstate__(self):  # a generator is rebuilt where it is used
         return dict(self.__dict__, _rng=None)

@@ -31,7 +31,7 @@ from typing import Sequence
 
 import numpy as np
 
-from portable_loader.dataset.base import Dataset, _plain, _qualified, as_indices, digest, vars_of, within
+from portable_loader.dataset.base import Dataset, _plain, _qualified, as_indices, attributes_of, digest, within
 
 __all__ = ["ConcatMap", "ProportionalMap", "Select", "concatenate", "mix_datasets", "select_from_datasets"]
 
@@ -232,7 +232,7 @@ class Select(Dataset):
         n = self._length
         positions = range(n) if n <= 1024 else [(n - 1) * j // (_SAMPLE - 1) for j in range(_SAMPLE)]
         entries = [tuple(int(x) for x in self.selection_map[p]) for p in positions]
-        return ("map", _qualified(type(self.selection_map)), _plain(vars_of(self.selection_map)), n, digest(entries))
+        return ("map", _qualified(type(self.selection_map)), _plain(attributes_of(self.selection_map)), n, digest(entries))
 
     def _identity(self) -> tuple:
         return (tuple(c.fingerprint() for c in self.children), self._map_id)
