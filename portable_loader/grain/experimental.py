@@ -49,6 +49,7 @@ from portable_loader.dataset.transforms import apply_transformations
 from portable_loader.dataset.window_shuffle import WindowShuffle as WindowShuffleMapDataset
 from portable_loader.grain._unsupported import refused
 from portable_loader.grain.elastic import ElasticIterator
+from portable_loader.grain.experimental_ops.tfrecord import TFRecordIterDataset
 from portable_loader.grain.performance import (PerformanceConfig, ThreadPrefetchIterDataset, multithread_prefetch,
                                                 pick_performance_config)
 from portable_loader.grain.testing import assert_equal_output_after_checkpoint
@@ -58,7 +59,7 @@ from portable_loader.grain.transforms import MapWithIndex as MapWithIndexTransfo
 __all__ = ["BOSHandling", "BestFitPackIterDataset", "ConcatThenSplitIterDataset", "DatasetOptions", "ElasticIterator",
            "ExecutionTrackingMode", "WithOptionsIterDataset", "get_next_index", "set_next_index",
            "FirstFitPackIterDataset", "FlatMapIterDataset", "FlatMapMapDataset", "FlatMapTransform",
-           "MapWithIndexTransform", "PerformanceConfig", "RepeatIterDataset", "ThreadPrefetchIterDataset",
+           "MapWithIndexTransform", "PerformanceConfig", "RepeatIterDataset", "TFRecordIterDataset", "ThreadPrefetchIterDataset",
            "WindowShuffleIterDataset", "WindowShuffleMapDataset",
            "ShapeDtypeStruct", "apply_transformations",
            "assert_equal_output_after_checkpoint", "batch_and_pad", "get_element_spec", "index_shuffle",
@@ -73,7 +74,6 @@ MISSING = {
     "LimitIterDataset": (_NOT, "take a prefix of the MapDataset (ds[:n]) or itertools.islice the iterator"),
     "PackAndBatchOperation": (_NOT, "an operation of Grain's legacy DataLoader; pl.DataLoader(packing=True) packs"),
     "ParquetIterDataset": (_NOT, "pl.source / pl.precache read Parquet files as random-access datasets"),
-    "TFRecordIterDataset": (_NOT, "TFRecord is sequential only; convert it, or use ArrayRecord"),
     "RebatchIterDataset": (_NOT, "batch the unbatched stream instead"),
     "RngPool": (_NOT, "random_map draws from a generator keyed by the element; no pool is needed"),
     "ShapeDtypeStructProtocol": (_NOT, "a typing protocol of Grain's; ShapeDtypeStruct is the class to use"),
