@@ -50,6 +50,7 @@ from portable_loader.dataset.window_shuffle import WindowShuffle as WindowShuffl
 from portable_loader.grain._unsupported import refused
 from portable_loader.grain.elastic import ElasticIterator
 from portable_loader.grain.experimental_ops.tfrecord import TFRecordIterDataset
+from portable_loader.grain.experimental_ops.zip import ZipIterDataset, ZipMapDataset
 from portable_loader.grain.performance import (PerformanceConfig, ThreadPrefetchIterDataset, multithread_prefetch,
                                                 pick_performance_config)
 from portable_loader.grain.testing import assert_equal_output_after_checkpoint
@@ -60,7 +61,7 @@ __all__ = ["BOSHandling", "BestFitPackIterDataset", "ConcatThenSplitIterDataset"
            "ExecutionTrackingMode", "WithOptionsIterDataset", "get_next_index", "set_next_index",
            "FirstFitPackIterDataset", "FlatMapIterDataset", "FlatMapMapDataset", "FlatMapTransform",
            "MapWithIndexTransform", "PerformanceConfig", "RepeatIterDataset", "TFRecordIterDataset", "ThreadPrefetchIterDataset",
-           "WindowShuffleIterDataset", "WindowShuffleMapDataset",
+           "WindowShuffleIterDataset", "WindowShuffleMapDataset", "ZipIterDataset", "ZipMapDataset",
            "ShapeDtypeStruct", "apply_transformations",
            "assert_equal_output_after_checkpoint", "batch_and_pad", "get_element_spec", "index_shuffle",
            "multithread_prefetch",
@@ -78,8 +79,6 @@ MISSING = {
     "RngPool": (_NOT, "random_map draws from a generator keyed by the element; no pool is needed"),
     "ShapeDtypeStructProtocol": (_NOT, "a typing protocol of Grain's; ShapeDtypeStruct is the class to use"),
     "ThreadPrefetchDatasetIterator": (_NOT, "to_iter_dataset(read_options=ReadOptions(...)) reads ahead with threads"),
-    "ZipIterDataset": (_NOT, "read two random-access datasets at one index with map_with_index instead"),
-    "ZipMapDataset": (_NOT, "read two random-access datasets at one index with map_with_index instead"),
     "device_put": (_NOT, "portable_loader.adapters.jax.JaxLoader puts batches on devices"),
 }
 
