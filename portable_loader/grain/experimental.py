@@ -49,6 +49,7 @@ from portable_loader.dataset.transforms import apply_transformations
 from portable_loader.dataset.window_shuffle import WindowShuffle as WindowShuffleMapDataset
 from portable_loader.grain._unsupported import refused
 from portable_loader.grain.elastic import ElasticIterator
+from portable_loader.grain.experimental_ops.limit import LimitIterDataset
 from portable_loader.grain.experimental_ops.tfrecord import TFRecordIterDataset
 from portable_loader.grain.experimental_ops.zip import ZipIterDataset, ZipMapDataset
 from portable_loader.grain.performance import (PerformanceConfig, ThreadPrefetchIterDataset, multithread_prefetch,
@@ -59,7 +60,7 @@ from portable_loader.grain.transforms import MapWithIndex as MapWithIndexTransfo
 
 __all__ = ["BOSHandling", "BestFitPackIterDataset", "ConcatThenSplitIterDataset", "DatasetOptions", "ElasticIterator",
            "ExecutionTrackingMode", "WithOptionsIterDataset", "get_next_index", "set_next_index",
-           "FirstFitPackIterDataset", "FlatMapIterDataset", "FlatMapMapDataset", "FlatMapTransform",
+           "FirstFitPackIterDataset", "FlatMapIterDataset", "LimitIterDataset", "FlatMapMapDataset", "FlatMapTransform",
            "MapWithIndexTransform", "PerformanceConfig", "RepeatIterDataset", "TFRecordIterDataset", "ThreadPrefetchIterDataset",
            "WindowShuffleIterDataset", "WindowShuffleMapDataset", "ZipIterDataset", "ZipMapDataset",
            "ShapeDtypeStruct", "apply_transformations",
@@ -72,7 +73,6 @@ _NOT = "not supported"
 MISSING = {
     "CacheIterDataset": (_NOT, "tokenize once with pl.precache and read the cache instead"),
     "InterleaveIterDataset": (_NOT, "combine random-access sources with MapDataset.mix / concatenate instead"),
-    "LimitIterDataset": (_NOT, "take a prefix of the MapDataset (ds[:n]) or itertools.islice the iterator"),
     "PackAndBatchOperation": (_NOT, "an operation of Grain's legacy DataLoader; pl.DataLoader(packing=True) packs"),
     "ParquetIterDataset": (_NOT, "pl.source / pl.precache read Parquet files as random-access datasets"),
     "RebatchIterDataset": (_NOT, "batch the unbatched stream instead"),
