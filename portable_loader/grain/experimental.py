@@ -52,8 +52,9 @@ from portable_loader.grain.elastic import ElasticIterator
 from portable_loader.grain.experimental_ops.limit import LimitIterDataset
 from portable_loader.grain.experimental_ops.tfrecord import TFRecordIterDataset
 from portable_loader.grain.experimental_ops.zip import ZipIterDataset, ZipMapDataset
-from portable_loader.grain.performance import (PerformanceConfig, ThreadPrefetchIterDataset, multithread_prefetch,
-                                                pick_performance_config)
+from portable_loader.grain.experimental_ops.prefetch import (ThreadPrefetchDatasetIterator, ThreadPrefetchIterDataset,
+                                                             device_put, multithread_prefetch)
+from portable_loader.grain.performance import PerformanceConfig, pick_performance_config
 from portable_loader.grain.testing import assert_equal_output_after_checkpoint
 from portable_loader.grain.transforms import FlatMap as FlatMapTransform
 from portable_loader.grain.transforms import MapWithIndex as MapWithIndexTransform
@@ -61,10 +62,10 @@ from portable_loader.grain.transforms import MapWithIndex as MapWithIndexTransfo
 __all__ = ["BOSHandling", "BestFitPackIterDataset", "ConcatThenSplitIterDataset", "DatasetOptions", "ElasticIterator",
            "ExecutionTrackingMode", "WithOptionsIterDataset", "get_next_index", "set_next_index",
            "FirstFitPackIterDataset", "FlatMapIterDataset", "LimitIterDataset", "FlatMapMapDataset", "FlatMapTransform",
-           "MapWithIndexTransform", "PerformanceConfig", "RepeatIterDataset", "TFRecordIterDataset", "ThreadPrefetchIterDataset",
+           "MapWithIndexTransform", "PerformanceConfig", "RepeatIterDataset", "TFRecordIterDataset", "ThreadPrefetchDatasetIterator", "ThreadPrefetchIterDataset",
            "WindowShuffleIterDataset", "WindowShuffleMapDataset", "ZipIterDataset", "ZipMapDataset",
            "ShapeDtypeStruct", "apply_transformations",
-           "assert_equal_output_after_checkpoint", "batch_and_pad", "get_element_spec", "index_shuffle",
+           "assert_equal_output_after_checkpoint", "batch_and_pad", "device_put", "get_element_spec", "index_shuffle",
            "multithread_prefetch",
            "pick_performance_config"]
 
@@ -78,8 +79,6 @@ MISSING = {
     "RebatchIterDataset": (_NOT, "batch the unbatched stream instead"),
     "RngPool": (_NOT, "random_map draws from a generator keyed by the element; no pool is needed"),
     "ShapeDtypeStructProtocol": (_NOT, "a typing protocol of Grain's; ShapeDtypeStruct is the class to use"),
-    "ThreadPrefetchDatasetIterator": (_NOT, "to_iter_dataset(read_options=ReadOptions(...)) reads ahead with threads"),
-    "device_put": (_NOT, "portable_loader.adapters.jax.JaxLoader puts batches on devices"),
 }
 
 
