@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from typing import Any, Sequence
+from typing import Any, Protocol, Sequence
 
 import numpy as np
 
@@ -50,6 +50,7 @@ from portable_loader.dataset.window_shuffle import WindowShuffle as WindowShuffl
 from portable_loader.grain._unsupported import refused
 from portable_loader.grain.elastic import ElasticIterator
 from portable_loader.grain.experimental_ops.limit import LimitIterDataset
+from portable_loader.grain.experimental_ops.rng_pool import RngPool
 from portable_loader.grain.experimental_ops.tfrecord import TFRecordIterDataset
 from portable_loader.grain.experimental_ops.zip import ZipIterDataset, ZipMapDataset
 from portable_loader.grain.experimental_ops.prefetch import (ThreadPrefetchDatasetIterator, ThreadPrefetchIterDataset,
@@ -62,9 +63,9 @@ from portable_loader.grain.transforms import MapWithIndex as MapWithIndexTransfo
 __all__ = ["BOSHandling", "BestFitPackIterDataset", "ConcatThenSplitIterDataset", "DatasetOptions", "ElasticIterator",
            "ExecutionTrackingMode", "WithOptionsIterDataset", "get_next_index", "set_next_index",
            "FirstFitPackIterDataset", "FlatMapIterDataset", "LimitIterDataset", "FlatMapMapDataset", "FlatMapTransform",
-           "MapWithIndexTransform", "PerformanceConfig", "RepeatIterDataset", "TFRecordIterDataset", "ThreadPrefetchDatasetIterator", "ThreadPrefetchIterDataset",
+           "MapWithIndexTransform", "PerformanceConfig", "RepeatIterDataset", "RngPool", "TFRecordIterDataset", "ThreadPrefetchDatasetIterator", "ThreadPrefetchIterDataset",
            "WindowShuffleIterDataset", "WindowShuffleMapDataset", "ZipIterDataset", "ZipMapDataset",
-           "ShapeDtypeStruct", "apply_transformations",
+           "ShapeDtypeStruct", "ShapeDtypeStructProtocol", "apply_transformations",
            "assert_equal_output_after_checkpoint", "batch_and_pad", "device_put", "get_element_spec", "index_shuffle",
            "multithread_prefetch",
            "pick_performance_config"]
@@ -77,8 +78,6 @@ MISSING = {
     "PackAndBatchOperation": (_NOT, "an operation of Grain's legacy DataLoader; pl.DataLoader(packing=True) packs"),
     "ParquetIterDataset": (_NOT, "pl.source / pl.precache read Parquet files as random-access datasets"),
     "RebatchIterDataset": (_NOT, "batch the unbatched stream instead"),
-    "RngPool": (_NOT, "random_map draws from a generator keyed by the element; no pool is needed"),
-    "ShapeDtypeStructProtocol": (_NOT, "a typing protocol of Grain's; ShapeDtypeStruct is the class to use"),
 }
 
 
@@ -176,8 +175,24 @@ def batch_and_pad(values: Sequence[Any], *, batch_size: int, pad_value: Any = 0)
     return _tree_map(lambda x: np.concatenate([x, np.full((missing,) + x.shape[1:], pad_value, dtype=x.dtype)]), batch)
 
 
-@dataclasses.dataclass(frozen=True)
-class ShapeDtypeStruct:
+class ShapeDtypeStructProtocol(Protocol):
+    """Grain's ``ShapeDtypeStructProtocol``: anything with a ``shape`` and a ``dtype`` (a typing protocol,
+    not checked at run time, as Grain's); :class:`ShapeDtypeStruct` (and a ``jax.ShapeDtypeStruct``) is one.
+
+    Example:
+        >>> ShapeDtypeStructProtocol in ShapeDtypeStruct.__mro__
+        True
+    """
+
+    @property
+    def shape(self) -> tuple: ...
+
+    @property
+    def dtype(self) -> Any: ...
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class ShapeDtypeStruct(ShapeDtypeStructProtocol):
     """Grain's ``ShapeDtypeStruct``: the ``shape`` and ``dtype`` of one leaf of an element.
 
     Example:
@@ -186,8 +201,9 @@ class ShapeDtypeStruct:
         ShapeDtypeStruct(shape=(2, 3), dtype=dtype('int32'))
     """
 
-    shape: tuple
-    dtype: Any
+    # field(): without it the protocol's properties would be taken as defaults (Grain's takes them).
+    shape: tuple = dataclasses.field()
+    dtype: Any = dataclasses.field()
 
 
 def get_element_spec(ds) -> Any:
