@@ -49,7 +49,9 @@ from portable_loader.dataset.transforms import apply_transformations
 from portable_loader.dataset.window_shuffle import WindowShuffle as WindowShuffleMapDataset
 from portable_loader.grain._unsupported import refused
 from portable_loader.grain.elastic import ElasticIterator
+from portable_loader.grain.experimental_ops.interleave import InterleaveIterDataset
 from portable_loader.grain.experimental_ops.limit import LimitIterDataset
+from portable_loader.grain.experimental_ops.parquet import ParquetIterDataset
 from portable_loader.grain.experimental_ops.rng_pool import RngPool
 from portable_loader.grain.experimental_ops.tfrecord import TFRecordIterDataset
 from portable_loader.grain.experimental_ops.zip import ZipIterDataset, ZipMapDataset
@@ -62,7 +64,7 @@ from portable_loader.grain.transforms import MapWithIndex as MapWithIndexTransfo
 
 __all__ = ["BOSHandling", "BestFitPackIterDataset", "ConcatThenSplitIterDataset", "DatasetOptions", "ElasticIterator",
            "ExecutionTrackingMode", "WithOptionsIterDataset", "get_next_index", "set_next_index",
-           "FirstFitPackIterDataset", "FlatMapIterDataset", "LimitIterDataset", "FlatMapMapDataset", "FlatMapTransform",
+           "FirstFitPackIterDataset", "FlatMapIterDataset", "InterleaveIterDataset", "LimitIterDataset", "ParquetIterDataset", "FlatMapMapDataset", "FlatMapTransform",
            "MapWithIndexTransform", "PerformanceConfig", "RepeatIterDataset", "RngPool", "TFRecordIterDataset", "ThreadPrefetchDatasetIterator", "ThreadPrefetchIterDataset",
            "WindowShuffleIterDataset", "WindowShuffleMapDataset", "ZipIterDataset", "ZipMapDataset",
            "ShapeDtypeStruct", "ShapeDtypeStructProtocol", "apply_transformations",
@@ -74,9 +76,7 @@ _NOT = "not supported"
 #: Grain 0.2.18's other ``grain.experimental`` names: (status, why).
 MISSING = {
     "CacheIterDataset": (_NOT, "tokenize once with pl.precache and read the cache instead"),
-    "InterleaveIterDataset": (_NOT, "combine random-access sources with MapDataset.mix / concatenate instead"),
     "PackAndBatchOperation": (_NOT, "an operation of Grain's legacy DataLoader; pl.DataLoader(packing=True) packs"),
-    "ParquetIterDataset": (_NOT, "pl.source / pl.precache read Parquet files as random-access datasets"),
     "RebatchIterDataset": (_NOT, "batch the unbatched stream instead"),
 }
 
