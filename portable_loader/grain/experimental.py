@@ -52,6 +52,7 @@ from portable_loader.grain.elastic import ElasticIterator
 from portable_loader.grain.experimental_ops.interleave import InterleaveIterDataset
 from portable_loader.grain.experimental_ops.limit import LimitIterDataset
 from portable_loader.grain.experimental_ops.parquet import ParquetIterDataset
+from portable_loader.grain.experimental_ops.rebatch import RebatchIterDataset
 from portable_loader.grain.experimental_ops.rng_pool import RngPool
 from portable_loader.grain.experimental_ops.tfrecord import TFRecordIterDataset
 from portable_loader.grain.experimental_ops.zip import ZipIterDataset, ZipMapDataset
@@ -62,22 +63,22 @@ from portable_loader.grain.testing import assert_equal_output_after_checkpoint
 from portable_loader.grain.transforms import FlatMap as FlatMapTransform
 from portable_loader.grain.transforms import MapWithIndex as MapWithIndexTransform
 
-__all__ = ["BOSHandling", "BestFitPackIterDataset", "ConcatThenSplitIterDataset", "DatasetOptions", "ElasticIterator",
-           "ExecutionTrackingMode", "WithOptionsIterDataset", "get_next_index", "set_next_index",
-           "FirstFitPackIterDataset", "FlatMapIterDataset", "InterleaveIterDataset", "LimitIterDataset", "ParquetIterDataset", "FlatMapMapDataset", "FlatMapTransform",
-           "MapWithIndexTransform", "PerformanceConfig", "RepeatIterDataset", "RngPool", "TFRecordIterDataset", "ThreadPrefetchDatasetIterator", "ThreadPrefetchIterDataset",
-           "WindowShuffleIterDataset", "WindowShuffleMapDataset", "ZipIterDataset", "ZipMapDataset",
-           "ShapeDtypeStruct", "ShapeDtypeStructProtocol", "apply_transformations",
-           "assert_equal_output_after_checkpoint", "batch_and_pad", "device_put", "get_element_spec", "index_shuffle",
-           "multithread_prefetch",
-           "pick_performance_config"]
+__all__ = ["BOSHandling", "BestFitPackIterDataset", "ConcatThenSplitIterDataset", "DatasetOptions",
+           "ElasticIterator", "ExecutionTrackingMode", "FirstFitPackIterDataset", "FlatMapIterDataset",
+           "FlatMapMapDataset", "FlatMapTransform", "InterleaveIterDataset", "LimitIterDataset",
+           "MapWithIndexTransform", "ParquetIterDataset", "PerformanceConfig", "RebatchIterDataset",
+           "RepeatIterDataset", "RngPool", "ShapeDtypeStruct", "ShapeDtypeStructProtocol", "TFRecordIterDataset",
+           "ThreadPrefetchDatasetIterator", "ThreadPrefetchIterDataset", "WindowShuffleIterDataset",
+           "WindowShuffleMapDataset", "WithOptionsIterDataset", "ZipIterDataset", "ZipMapDataset",
+           "apply_transformations", "assert_equal_output_after_checkpoint", "batch_and_pad", "device_put",
+           "get_element_spec", "get_next_index", "index_shuffle", "multithread_prefetch", "pick_performance_config",
+           "set_next_index"]
 
 _NOT = "not supported"
 #: Grain 0.2.18's other ``grain.experimental`` names: (status, why).
 MISSING = {
     "CacheIterDataset": (_NOT, "tokenize once with pl.precache and read the cache instead"),
     "PackAndBatchOperation": (_NOT, "an operation of Grain's legacy DataLoader; pl.DataLoader(packing=True) packs"),
-    "RebatchIterDataset": (_NOT, "batch the unbatched stream instead"),
 }
 
 
