@@ -49,6 +49,7 @@ from portable_loader.dataset.transforms import apply_transformations
 from portable_loader.dataset.window_shuffle import WindowShuffle as WindowShuffleMapDataset
 from portable_loader.grain._unsupported import refused
 from portable_loader.grain.elastic import ElasticIterator
+from portable_loader.grain.experimental_ops.cache import CacheIterDataset
 from portable_loader.grain.experimental_ops.interleave import InterleaveIterDataset
 from portable_loader.grain.experimental_ops.limit import LimitIterDataset
 from portable_loader.grain.experimental_ops.parquet import ParquetIterDataset
@@ -63,7 +64,7 @@ from portable_loader.grain.testing import assert_equal_output_after_checkpoint
 from portable_loader.grain.transforms import FlatMap as FlatMapTransform
 from portable_loader.grain.transforms import MapWithIndex as MapWithIndexTransform
 
-__all__ = ["BOSHandling", "BestFitPackIterDataset", "ConcatThenSplitIterDataset", "DatasetOptions",
+__all__ = ["BOSHandling", "BestFitPackIterDataset", "CacheIterDataset", "ConcatThenSplitIterDataset", "DatasetOptions",
            "ElasticIterator", "ExecutionTrackingMode", "FirstFitPackIterDataset", "FlatMapIterDataset",
            "FlatMapMapDataset", "FlatMapTransform", "InterleaveIterDataset", "LimitIterDataset",
            "MapWithIndexTransform", "ParquetIterDataset", "PerformanceConfig", "RebatchIterDataset",
@@ -77,7 +78,6 @@ __all__ = ["BOSHandling", "BestFitPackIterDataset", "ConcatThenSplitIterDataset"
 _NOT = "not supported"
 #: Grain 0.2.18's other ``grain.experimental`` names: (status, why).
 MISSING = {
-    "CacheIterDataset": (_NOT, "tokenize once with pl.precache and read the cache instead"),
     "PackAndBatchOperation": (_NOT, "an operation of Grain's legacy DataLoader; pl.DataLoader(packing=True) packs"),
 }
 
