@@ -1,4 +1,4 @@
-"""``grain.experimental``: packing, flat maps, ``ElasticIterator``, ``index_shuffle`` (Grain's), ``batch_and_pad``, ``apply_transformations``, transform aliases.
+"""``grain.experimental``: every name of Grain 0.2.18's, on portable_loader's pipelines.
 
 Packing: ``FirstFitPackIterDataset``, ``BestFitPackIterDataset`` (portable_loader/dataset/iter/pack.py)
 and ``ConcatThenSplitIterDataset`` with ``BOSHandling`` (portable_loader/dataset/iter/concat_split.py):
@@ -12,9 +12,12 @@ packing too. ``DatasetOptions``, ``WithOptionsIterDataset`` (portable_loader/dat
 Grain's options and their filter checks. ``get_next_index`` / ``set_next_index``: where the index
 is arithmetic.
 
-The rest of Grain's experimental names import, and raise
-:class:`~portable_loader.grain._unsupported.NotSupportedError` when used, saying why they are left
-out (docs/grain.md has the table).
+Sources and iterator steps written as Grain writes them (portable_loader/grain/experimental_ops/):
+``TFRecordIterDataset`` (checksums checked), ``ParquetIterDataset``, ``InterleaveIterDataset``,
+``ZipMapDataset``, ``ZipIterDataset``, ``LimitIterDataset``, ``RebatchIterDataset``,
+``CacheIterDataset``, the thread read-ahead (``ThreadPrefetchIterDataset``,
+``ThreadPrefetchDatasetIterator``, ``multithread_prefetch``, ``device_put``), ``RngPool`` and the
+legacy ``PackAndBatchOperation``.
 
 Example:
     >>> import numpy as np
@@ -47,11 +50,11 @@ from portable_loader.dataset.iter.repeat import RepeatIterDataset
 from portable_loader.dataset.iter.window_shuffle import WindowShuffleIterDataset
 from portable_loader.dataset.transforms import apply_transformations
 from portable_loader.dataset.window_shuffle import WindowShuffle as WindowShuffleMapDataset
-from portable_loader.grain._unsupported import refused
 from portable_loader.grain.elastic import ElasticIterator
 from portable_loader.grain.experimental_ops.cache import CacheIterDataset
 from portable_loader.grain.experimental_ops.interleave import InterleaveIterDataset
 from portable_loader.grain.experimental_ops.limit import LimitIterDataset
+from portable_loader.grain.experimental_ops.pack_and_batch import PackAndBatchOperation
 from portable_loader.grain.experimental_ops.parquet import ParquetIterDataset
 from portable_loader.grain.experimental_ops.rebatch import RebatchIterDataset
 from portable_loader.grain.experimental_ops.rng_pool import RngPool
@@ -67,26 +70,13 @@ from portable_loader.grain.transforms import MapWithIndex as MapWithIndexTransfo
 __all__ = ["BOSHandling", "BestFitPackIterDataset", "CacheIterDataset", "ConcatThenSplitIterDataset", "DatasetOptions",
            "ElasticIterator", "ExecutionTrackingMode", "FirstFitPackIterDataset", "FlatMapIterDataset",
            "FlatMapMapDataset", "FlatMapTransform", "InterleaveIterDataset", "LimitIterDataset",
-           "MapWithIndexTransform", "ParquetIterDataset", "PerformanceConfig", "RebatchIterDataset",
+           "MapWithIndexTransform", "PackAndBatchOperation", "ParquetIterDataset", "PerformanceConfig", "RebatchIterDataset",
            "RepeatIterDataset", "RngPool", "ShapeDtypeStruct", "ShapeDtypeStructProtocol", "TFRecordIterDataset",
            "ThreadPrefetchDatasetIterator", "ThreadPrefetchIterDataset", "WindowShuffleIterDataset",
            "WindowShuffleMapDataset", "WithOptionsIterDataset", "ZipIterDataset", "ZipMapDataset",
            "apply_transformations", "assert_equal_output_after_checkpoint", "batch_and_pad", "device_put",
            "get_element_spec", "get_next_index", "index_shuffle", "multithread_prefetch", "pick_performance_config",
            "set_next_index"]
-
-_NOT = "not supported"
-#: Grain 0.2.18's other ``grain.experimental`` names: (status, why).
-MISSING = {
-    "PackAndBatchOperation": (_NOT, "an operation of Grain's legacy DataLoader; pl.DataLoader(packing=True) packs"),
-}
-
-
-def __getattr__(name: str):
-    if name in MISSING:
-        return refused("grain.experimental", name, *MISSING[name])
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
 
 @functools.lru_cache(maxsize=16)
 def _permutation(max_index: int, seed: int, rounds: int) -> IndexShuffle:
