@@ -40,7 +40,9 @@ from pathlib import Path
 
 FILES = ["dataset/dataset_test.py"] + [f"dataset/transformations/{n}_test.py" for n in (
     "map", "filter", "batch", "shuffle", "slice", "repeat", "mix", "source", "flatmap", "prefetch", "packing",
-    "packing_concat_then_split")] + ["dataset/elastic_iterator_test.py", "samplers_test.py", "data_loader_test.py"]
+    "packing_concat_then_split", "zip", "limit", "rebatch", "cache", "interleave")] + [
+    "dataset/sources/tfrecord_dataset_test.py", "dataset/sources/parquet_dataset_test.py",
+    "dataset/elastic_iterator_test.py", "samplers_test.py", "data_loader_test.py"]
 PUBLIC_MODULES = ["grain", "grain.experimental", "grain.transforms", "grain.samplers", "grain.sharding", "grain.sources",
                   "grain.checkpoint", "grain.constants", "grain.multiprocessing", "grain.python"]
 _OTHER_MIXTURE = "a state of another mixture (other weights or datasets) is refused with a StateError"

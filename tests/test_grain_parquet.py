@@ -112,3 +112,13 @@ def test_interleave_composes_with_built_in_steps():
         return ds.map(lambda x: x + 1).batch(2)
 
     assert [b.tolist() for b in build(pg)] == [b.tolist() for b in build(grain)]
+
+
+@pytest.mark.xfail(strict=False, reason="needs user-iterator support (issue 48 item 2)")
+def test_several_parquet_files_compose_with_built_in_steps(tmp_path):
+    paths = _write(tmp_path, [3, 4], 2)
+
+    def build(g):
+        return g.experimental.ParquetIterDataset(paths).map(lambda r: int(r["x"])).batch(3)
+
+    assert [b.tolist() for b in build(pg)] == [b.tolist() for b in build(grain)]
