@@ -1,8 +1,9 @@
 """CRC-32C (Castagnoli), and TFRecord's masked form of it.
 
 ``google_crc32c`` computes it in C where installed (``pip install portable-loader[tfrecord]``;
-Grain's wheel brings none); otherwise a table-driven loop in Python does, about 100 times slower
-(a few MB/s), which is why a warning says so once.
+Grain's wheel brings none): a 20.6 MB file of 2 KiB records reads in 0.13 s with both checksums
+checked (Grain's reader, which checks none, 0.07 s). Otherwise a table-driven loop in Python does,
+at 2.4 MB/s, which is why a warning says so once.
 
 Example:
     >>> hex(crc32c(b"123456789"))   # the standard check value
