@@ -14,6 +14,7 @@ Example:
 
 from __future__ import annotations
 
+import functools
 import logging
 
 __all__ = ["crc32c", "masked_crc32c"]
@@ -23,6 +24,7 @@ _MASK_DELTA = 0xA282EAD8
 _log = logging.getLogger(__name__)
 
 
+@functools.lru_cache(maxsize=1)  # built on first use: only the fallback needs it
 def _table() -> list[int]:
     out = []
     for n in range(256):
@@ -33,7 +35,6 @@ def _table() -> list[int]:
     return out
 
 
-_TABLE = _table()
 _warned = []
 
 
@@ -44,7 +45,7 @@ def crc32c_python(data: bytes) -> int:
         >>> hex(crc32c_python(b"123456789"))
         '0xe3069283'
     """
-    crc, table = 0xFFFFFFFF, _TABLE
+    crc, table = 0xFFFFFFFF, _table()
     for b in data:
         crc = table[(crc ^ b) & 0xFF] ^ (crc >> 8)
     return crc ^ 0xFFFFFFFF
