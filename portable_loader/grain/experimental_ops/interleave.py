@@ -193,6 +193,8 @@ class InterleaveIterDataset(IterDataset):
         self._datasets = self._datasets[sl]
 
     def _identity(self) -> tuple:
+        if isinstance(self._datasets, Dataset):  # a MapDataset of datasets: named by its own tree, nothing built
+            return ("interleave", self._cycle_length, self._datasets.fingerprint())
         parts = tuple((ds.fingerprint() if hasattr(ds, "fingerprint") else repr(ds)) for ds in self._datasets)
         return ("interleave", self._cycle_length, parts)
 

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
 
-from portable_loader.dataset.iter.iterator import DatasetIterator
+from portable_loader.dataset.iter.iterator import DatasetIterator, _register_with_grain
 from portable_loader.dataset.iter.options import DatasetOptions, IteratorContext
 from portable_loader.errors import StateError
 
@@ -59,6 +59,7 @@ class GrainStyleIterator(DatasetIterator):
         self._closed = False
         self._parents = (parents,) if isinstance(parents, Iterator) else tuple(parents)
         self._ctx = IteratorContext(DatasetOptions())
+        _register_with_grain()  # Grain's checkpoint handler then saves it as one of Grain's iterators
 
     @property
     def _parent(self):
@@ -78,7 +79,8 @@ class GrainStyleIterator(DatasetIterator):
         raise ValueError(f"get_next_index: {type(self).__name__} does not define an element index; "
                          "use get_state()/set_state()")
 
-    _set_next_index = _get_next_index
+    def _set_next_index(self, index: int) -> None:
+        self._get_next_index()
 
     def close(self) -> None:
         """Close the parents (safe to call twice).

@@ -241,7 +241,14 @@ class ThreadPrefetchDatasetIterator(GrainStyleIterator):
         self._state = copy.deepcopy(self._maybe_nonnative_parent.get_state())
 
     def start_prefetch(self) -> None:
-        """Nothing to do ahead of the first ``next``: the thread starts then."""
+        """Nothing to do ahead of the first ``next``: the thread starts then.
+
+        Example:
+            >>> from portable_loader import grain
+            >>> with ThreadPrefetchDatasetIterator(iter(grain.MapDataset.range(2).to_iter_dataset()), 1) as it:
+            ...     it.start_prefetch(); list(it)
+            [0, 1]
+        """
 
     def close(self) -> None:
         if getattr(self, "_closed", True):
