@@ -146,6 +146,23 @@ class ThreadPrefetchIterDataset(IterDataset):
     def _identity(self) -> tuple:
         return self._parent._identity()  # reading ahead changes no element, so a state resumes without it
 
+    def __iter__(self) -> DatasetIterator:
+        """The pipeline's iterator; over a user's own ``IterDataset`` (its ``__iter__`` is its iterator),
+        that iterator read ahead by a :class:`ThreadPrefetchDatasetIterator`, as Grain does.
+
+        Example:
+            >>> from portable_loader import grain
+            >>> class Evens(grain.IterDataset):
+            ...     def __iter__(self):
+            ...         return iter(grain.MapDataset.range(0, 6, 2).to_iter_dataset())
+            >>> list(ThreadPrefetchIterDataset(Evens(), prefetch_buffer_size=2))
+            [0, 2, 4]
+        """
+        parent = self._parent
+        if type(parent).__iter__ is not IterDataset.__iter__ and not hasattr(parent, "_make_part"):
+            return ThreadPrefetchDatasetIterator(parent.__iter__(), self._prefetch_buffer_size)
+        return super().__iter__()
+
     def _make_part(self, children: list, n: int) -> "ThreadPrefetchIter":
         return ThreadPrefetchIter(children[0], self._prefetch_buffer_size)
 
