@@ -12,8 +12,10 @@ states are the inner iterators' own: Grain's where the inner iterator is Grain-s
 ``ParquetIterDataset`` file's, our positions for our pipelines). ``num_make_iter_threads``,
 ``make_iter_buffer_size`` and ``iter_buffer_size`` are Grain's read-ahead settings; here the inner
 iterators are made and read in the caller's thread, so they change nothing. Its state is not a
-flat position, so inside our pipelines it needs issue 48's user-iterator support (item 2); on its
-own, and through ``ParquetIterDataset``, it runs now.
+flat position: inside our pipelines it runs where its inner iterators' states are flat dicts of
+integers with the same keys (files: ``ParquetIterDataset``, ``TFRecordIterDataset``), laid out as
+integer fields (:class:`InterleavePart`); over other datasets (``MapDataset``s) it runs on its own,
+and inside pipelines once user-written iterators do (issue 48, item 2).
 
 Example:
     >>> from portable_loader import grain
@@ -198,5 +200,85 @@ class InterleaveIterDataset(IterDataset):
         parts = tuple((ds.fingerprint() if hasattr(ds, "fingerprint") else repr(ds)) for ds in self._datasets)
         return ("interleave", self._cycle_length, parts)
 
+    def _make_part(self, children: list, n: int) -> "InterleavePart":
+        return InterleavePart(f"{n}.interleave", self.__iter__())
+
     def __str__(self) -> str:
         return f"InterleaveIterDataset([{len(self._datasets)} datasets], cycle_length={self._cycle_length})"
+
+
+class InterleavePart:
+    """An interleave inside one of our pipelines, where its inner iterators' states are flat dicts of
+    integers with the same keys (files: ``ParquetIterDataset``, ``TFRecordIterDataset``): Grain's state,
+    laid out as integer fields (the cycle's position, the next dataset, and per slot its dataset, whether
+    it holds a state and whether that dataset ended, and the state's integers).
+
+    Example:
+        >>> import os, tempfile
+        >>> from portable_loader.grain.experimental_ops.tfrecord import TFRecordIterDataset, write_tfrecord
+        >>> folder = tempfile.mkdtemp()
+        >>> for name in "ab":
+        ...     write_tfrecord(os.path.join(folder, name), [name.encode() * k for k in (1, 2)])
+        >>> files = [TFRecordIterDataset(os.path.join(folder, name)) for name in "ab"]
+        >>> list(InterleaveIterDataset(files, cycle_length=2).map(len))
+        [1, 1, 2, 2]
+    """
+
+    def __init__(self, field: str, iterator: InterleaveDatasetIterator):
+        self.field, self.iterator = field, iterator
+        self.cycle = iterator._cycle_length
+        self.keys = self._keys(iterator)
+
+    def _keys(self, iterator) -> list[str]:
+        if not len(iterator._datasets):
+            return []
+        first = _make_iterator(iterator._datasets[0])
+        state = first.get_state()
+        first.close()
+        if not isinstance(state, dict) or not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0
+                                                  for v in state.values()):
+            raise TypeError("InterleaveIterDataset: its datasets' iterators have states that are not flat dicts of "
+                            f"integers ({state!r}), so it cannot be a position inside a pipeline (issue 48 item 2); "
+                            "iterate it on its own")
+        return sorted(state)
+
+    def next(self):
+        return next(self.iterator)
+
+    def field_names(self) -> list[str]:
+        f = self.field
+        names = [f"{f}.cycle", f"{f}.next"]
+        for k in range(self.cycle):
+            names += [f"{f}.{k}.dataset", f"{f}.{k}.held", f"{f}.{k}.ended"] + [f"{f}.{k}.{key}" for key in self.keys]
+        return names
+
+    def fields(self) -> dict:
+        state, f = self.iterator.get_state(), self.field
+        out = {f"{f}.cycle": state["next_index_in_cycle"], f"{f}.next": state["next_index_in_datasets"]}
+        for k, (index, inner, ended) in enumerate(zip(state["iterators_in_use_indices"],
+                                                      state["iterators_in_use_states"], state["exhausted"])):
+            if inner is not None and sorted(inner) != self.keys:
+                raise TypeError(f"InterleaveIterDataset: dataset {index}'s state has the keys {sorted(inner)}, the "
+                                f"first dataset's {self.keys}: inside a pipeline they must be the same")
+            out.update({f"{f}.{k}.dataset": index, f"{f}.{k}.held": int(inner is not None), f"{f}.{k}.ended": ended})
+            out.update({f"{f}.{k}.{key}": 0 if inner is None else int(inner[key]) for key in self.keys})
+        return out
+
+    def restore(self, fields: dict, refuse) -> None:
+        f = self.field
+        slots = range(self.cycle)
+        state = {
+            "next_index_in_cycle": fields[f"{f}.cycle"],
+            "next_index_in_datasets": fields[f"{f}.next"],
+            "iterators_in_use_indices": [fields[f"{f}.{k}.dataset"] for k in slots],
+            "iterators_in_use_states": [{key: fields[f"{f}.{k}.{key}"] for key in self.keys}
+                                        if fields[f"{f}.{k}.held"] else None for k in slots],
+            "exhausted": [fields[f"{f}.{k}.ended"] for k in slots],
+        }
+        try:
+            self.iterator.set_state(state)
+        except StateError as e:
+            raise refuse(e.field or self.field, e.problem) from e
+
+    def close(self) -> None:
+        self.iterator.close()

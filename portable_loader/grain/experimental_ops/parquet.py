@@ -4,8 +4,8 @@ One file: rows in file order, each a dict of column name to that row's value (nu
 objects, as ``Table.column(i).to_numpy()`` gives them, Grain's elements). The state is Grain's:
 ``{"row_group": g, "index_within_row_group": i}``; inside our pipelines those two integers are
 fields of the position state. Several files: Grain's ``InterleaveIterDataset`` over one dataset per
-file with a cycle of 16, so the rows and the state are Grain's too (that state is the interleave's;
-inside our pipelines it needs issue 48's user-iterator support, item 2). ``read_kwargs`` go to
+file with a cycle of 16, so the rows and the state are Grain's too; inside our pipelines that
+state is laid out as integer fields. ``read_kwargs`` go to
 ``pyarrow.parquet.ParquetFile`` (``filesystem=`` for remote files, as MaxText passes).
 
 Example:
@@ -27,7 +27,8 @@ from typing import Sequence
 
 from portable_loader.dataset.iter.dataset import IterDataset
 from portable_loader.errors import StateError
-from portable_loader.grain.experimental_ops.interleave import InterleaveIterDataset
+from portable_loader.grain.experimental_ops.interleave import (InterleaveDatasetIterator, InterleaveIterDataset,
+                                                               InterleavePart)
 from portable_loader.grain.experimental_ops.parts import GrainStyleIterator, IteratorPart
 
 __all__ = ["ParquetIterDataset"]
@@ -132,8 +133,10 @@ class ParquetIterDataset(IterDataset):
         files = tuple((os.fspath(p), os.path.getsize(p) if os.path.exists(p) else None) for p in self._paths)
         return ("parquet", type(self).__qualname__, files, sorted(self._read_kwargs))
 
-    def _make_part(self, children: list, n: int) -> IteratorPart:
-        return IteratorPart(f"{n}.parquet", self.__iter__())
+    def _make_part(self, children: list, n: int) -> IteratorPart | InterleavePart:
+        it = self.__iter__()
+        return InterleavePart(f"{n}.parquet", it) if isinstance(it, InterleaveDatasetIterator) else \
+            IteratorPart(f"{n}.parquet", it)
 
     def __str__(self) -> str:
         return f"ParquetIterDataset(paths={self._paths!r})"
