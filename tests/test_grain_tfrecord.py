@@ -1,7 +1,8 @@
 """grain.experimental.TFRecordIterDataset against real Grain 0.2.18: the same records and the same
 offset states at every step, resumes from every state, Grain's own TFRecord file read with its
 checksums checked, every damaged byte refused naming the file and the record's offset, and
-MaxText's import-time subclass working on its own and inside a pipeline."""
+MaxText's import-time subclass working on its own and inside a pipeline, and both checkpoint
+handlers writing Grain's file for it."""
 
 import pathlib
 
@@ -187,3 +188,22 @@ def test_a_subclass_with_its_own_iterator_runs_alone_and_inside_a_pipeline(tmp_p
     again = iter(_Upper(path).map(lambda b: b + b"!"))
     again.set_state(state)
     assert list(again) == [b"CD!", b"EF!"]
+
+
+def test_the_checkpoint_handlers_save_and_restore_it_as_grains(tmp_path):
+    path = str(tmp_path / "c.tfrecord")
+    write_tfrecord(path, [b"a", b"bb", b"ccc"])
+    real_it = iter(grain.experimental.TFRecordIterDataset(path))
+    next(real_it)
+    for name in ("real", "ours", "grain"):
+        (tmp_path / name).mkdir()
+    grain.checkpoint.CheckpointHandler().save(tmp_path / "real", item=real_it)
+    for name, handler in (("ours", pg.checkpoint.CheckpointHandler()), ("grain", grain.checkpoint.CheckpointHandler())):
+        it = iter(pg.experimental.TFRecordIterDataset(path))
+        next(it)
+        handler.save(tmp_path / name, item=it)
+        assert (tmp_path / name / "process_0-of-1.json").read_text() == \
+            (tmp_path / "real" / "process_0-of-1.json").read_text()
+        again = iter(pg.experimental.TFRecordIterDataset(path))
+        handler.restore(tmp_path / name, item=again)
+        assert list(again) == [b"bb", b"ccc"]
