@@ -156,7 +156,8 @@ def _is_pack_and_batch(op) -> bool:
     from portable_loader.grain.experimental_ops.pack_and_batch import PackAndBatchOperation
 
     real = sys.modules.get("grain._src.python.experimental.example_packing.packing")
-    return isinstance(op, PackAndBatchOperation) or (real is not None and isinstance(op, real.PackAndBatchOperation))
+    ours = isinstance(op, PackAndBatchOperation)
+    return ours or (real is not None and isinstance(op, real.PackAndBatchOperation))
 
 
 def _packed_rec(last: Rec, packed) -> Rec:
