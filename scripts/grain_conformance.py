@@ -40,7 +40,9 @@ from pathlib import Path
 
 FILES = ["dataset/dataset_test.py"] + [f"dataset/transformations/{n}_test.py" for n in (
     "map", "filter", "batch", "shuffle", "slice", "repeat", "mix", "source", "flatmap", "prefetch", "packing",
-    "packing_concat_then_split")] + ["dataset/elastic_iterator_test.py", "samplers_test.py", "data_loader_test.py"]
+    "packing_concat_then_split", "zip", "limit", "rebatch", "cache", "interleave")] + [
+    "dataset/sources/tfrecord_dataset_test.py", "dataset/sources/parquet_dataset_test.py",
+    "dataset/elastic_iterator_test.py", "samplers_test.py", "data_loader_test.py"]
 PUBLIC_MODULES = ["grain", "grain.experimental", "grain.transforms", "grain.samplers", "grain.sharding", "grain.sources",
                   "grain.checkpoint", "grain.constants", "grain.multiprocessing", "grain.python"]
 _OTHER_MIXTURE = "a state of another mixture (other weights or datasets) is refused with a StateError"
@@ -60,6 +62,11 @@ DELIBERATE: dict[str, str] = {
     # reads every K-th position of the one global stream (itself in Grain's order when shuffling).
     "IndexSamplerTest.test_sharding_no_shuffle_*": _SHARDS,
     "IndexSamplerTest.test_shuffle_and_sharding_*": _SHARDS,
+    # The maps right after to_iter_dataset run over chunks of positions read ahead (1, 2, 4, ... 64):
+    # the elements are Grain's, but a map's own call counter also counts those read past a limit.
+    "InMemoryCacheIterDatasetTest.test_in_memory_with_limit_and_repeat": "a map right after to_iter_dataset runs "
+                                                                          "over chunks read ahead, so its call count "
+                                                                          "includes elements past a limit",
     # Grain's ElasticIterator refuses a filter; ours reads filtered datasets by position (docs/grain.md).
     "ElasticIteratorTest.test_filter_raises_error": "ElasticIterator takes filters here (a position state needs no "
                                                     "per-shard record), where Grain raises a ValueError",

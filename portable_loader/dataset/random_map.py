@@ -30,10 +30,10 @@ from portable_loader.dataset.transforms import _Transform, as_function
 __all__ = ["MapWithIndex", "RandomMap"]
 
 
-def keyed(rng: np.random.Generator, index: int) -> np.random.Generator:
-    """``rng`` reset to the stream of ``index``: Grain's ``_reset_rng_state`` (op_seed 0)."""
+def keyed(rng: np.random.Generator, index: int, op_seed: int = 0) -> np.random.Generator:
+    """``rng`` reset to the stream of ``index``: Grain's ``_reset_rng_state``."""
     state = rng.bit_generator.state
-    state["state"]["counter"] = np.array([0, 0, 0, index], dtype=np.uint64)
+    state["state"]["counter"] = np.array([0, 0, op_seed, index], dtype=np.uint64)
     state["buffer"] = np.array([0, 0, 0, 0], dtype=np.uint64)
     state["buffer_pos"] = 4
     state["has_uint32"] = 0

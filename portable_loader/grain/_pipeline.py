@@ -23,10 +23,11 @@ Example:
 
 from __future__ import annotations
 
+import sys
 
 import numpy as np
 
-from portable_loader.dataset.base import Dataset, as_indices, function_identity
+from portable_loader.dataset.base import Dataset, _plain, as_indices, function_identity
 from portable_loader.dataset.batch import stack
 from portable_loader.dataset.flat_map import flat_map_function, pieces_of
 from portable_loader.dataset.remap import over_reopened_parent
@@ -150,6 +151,20 @@ class _SplitRec:
         return [Rec(start + j, piece) for j, piece in enumerate(pieces_of(self.fn, r.data))]
 
 
+def _is_pack_and_batch(op) -> bool:
+    """Whether ``op`` is Grain's legacy ``PackAndBatchOperation`` (ours, or real Grain's where it is imported)."""
+    from portable_loader.grain.experimental_ops.pack_and_batch import PackAndBatchOperation
+
+    real = sys.modules.get("grain._src.python.experimental.example_packing.packing")
+    ours = isinstance(op, PackAndBatchOperation)
+    return ours or (real is not None and isinstance(op, real.PackAndBatchOperation))
+
+
+def _packed_rec(last: Rec, packed) -> Rec:
+    """A packed batch as Grain's ``DataLoader`` makes it: the data, with the last packed record's position."""
+    return Rec(last.index, packed, last.seed, last._rng)
+
+
 def data_of(r: Rec):
     """The data of a :class:`Rec` (the ``DataLoader``'s last step).
 
@@ -172,6 +187,8 @@ def check_operation(op) -> str:
         ...
         TypeError: DataLoader operations are grain.transforms objects (Map, RandomMap, TfRandomMap, MapWithIndex, Filter, FlatMap, Batch); got builtin_function_or_method ...
     """
+    if _is_pack_and_batch(op):
+        return "pack_and_batch"
     kind = kind_of(op)
     if kind == "flat_map":
         fan_out = getattr(op, "max_fan_out", None)
@@ -198,6 +215,10 @@ def apply_operation(ds, op):
     kind = check_operation(op)
     if kind == "batch":
         return ds.batch(op.batch_size, drop_remainder=op.drop_remainder, batch_fn=_BatchRecs(op.batch_fn))
+    if kind == "pack_and_batch":
+        from portable_loader.grain.experimental_ops.pack_and_batch import PackAndBatchIterDataset
+
+        return PackAndBatchIterDataset(ds, op, get_data=data_of, wrap=_packed_rec)
     if kind == "filter":
         return ds.filter(_KeepData(op.filter))
     if kind == "flat_map":
@@ -220,4 +241,6 @@ def operation_identity(op) -> tuple:
     if kind == "batch":
         fn = op.batch_fn
         return ("batch", bool(op.drop_remainder), None if fn is None else function_identity(fn))
+    if kind == "pack_and_batch":  # its batch size decides what is packed together, so it is part of it
+        return (kind, _plain(op.length_struct), int(op.batch_size), op.max_sequences_per_bin)
     return (kind, function_identity(op))

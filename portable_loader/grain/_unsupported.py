@@ -6,12 +6,11 @@ and raises :class:`NotSupportedError` saying why when it is used (called, built,
 attribute read), instead of an ``AttributeError`` that reads like a typo.
 
 Example:
-    >>> from portable_loader.grain import experimental
-    >>> from portable_loader.grain.experimental import ZipMapDataset   # imports
+    >>> ZipMapDataset = refused("grain.experimental", "ZipMapDataset", "not supported", "a reason")
     >>> ZipMapDataset([])
     Traceback (most recent call last):
     ...
-    portable_loader.grain._unsupported.NotSupportedError: grain.experimental.ZipMapDataset is not supported by portable_loader.grain: ...
+    portable_loader.grain._unsupported.NotSupportedError: grain.experimental.ZipMapDataset is not supported by portable_loader.grain: a reason
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""``grain.experimental``: packing, flat maps, ``ElasticIterator``, ``index_shuffle`` (Grain's), ``batch_and_pad``, ``apply_transformations``, transform aliases.
+"""``grain.experimental``: every name of Grain 0.2.18's, on portable_loader's pipelines.
 
 Packing: ``FirstFitPackIterDataset``, ``BestFitPackIterDataset`` (portable_loader/dataset/iter/pack.py)
 and ``ConcatThenSplitIterDataset`` with ``BOSHandling`` (portable_loader/dataset/iter/concat_split.py):
@@ -12,9 +12,12 @@ packing too. ``DatasetOptions``, ``WithOptionsIterDataset`` (portable_loader/dat
 Grain's options and their filter checks. ``get_next_index`` / ``set_next_index``: where the index
 is arithmetic.
 
-The rest of Grain's experimental names import, and raise
-:class:`~portable_loader.grain._unsupported.NotSupportedError` when used, saying why they are left
-out (docs/grain.md has the table).
+Sources and iterator steps written as Grain writes them (portable_loader/grain/experimental_ops/):
+``TFRecordIterDataset`` (checksums checked), ``ParquetIterDataset``, ``InterleaveIterDataset``,
+``ZipMapDataset``, ``ZipIterDataset``, ``LimitIterDataset``, ``RebatchIterDataset``,
+``CacheIterDataset``, the thread read-ahead (``ThreadPrefetchIterDataset``,
+``ThreadPrefetchDatasetIterator``, ``multithread_prefetch``, ``device_put``), ``RngPool`` and the
+legacy ``PackAndBatchOperation``.
 
 Example:
     >>> import numpy as np
@@ -32,7 +35,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from typing import Any, Sequence
+from typing import Any, Protocol, Sequence
 
 import numpy as np
 
@@ -47,48 +50,33 @@ from portable_loader.dataset.iter.repeat import RepeatIterDataset
 from portable_loader.dataset.iter.window_shuffle import WindowShuffleIterDataset
 from portable_loader.dataset.transforms import apply_transformations
 from portable_loader.dataset.window_shuffle import WindowShuffle as WindowShuffleMapDataset
-from portable_loader.grain._unsupported import refused
 from portable_loader.grain.elastic import ElasticIterator
-from portable_loader.grain.performance import (PerformanceConfig, ThreadPrefetchIterDataset, multithread_prefetch,
-                                                pick_performance_config)
+from portable_loader.grain.experimental_ops.cache import CacheIterDataset
+from portable_loader.grain.experimental_ops.interleave import InterleaveIterDataset
+from portable_loader.grain.experimental_ops.limit import LimitIterDataset
+from portable_loader.grain.experimental_ops.pack_and_batch import PackAndBatchOperation
+from portable_loader.grain.experimental_ops.parquet import ParquetIterDataset
+from portable_loader.grain.experimental_ops.rebatch import RebatchIterDataset
+from portable_loader.grain.experimental_ops.rng_pool import RngPool
+from portable_loader.grain.experimental_ops.tfrecord import TFRecordIterDataset
+from portable_loader.grain.experimental_ops.zip import ZipIterDataset, ZipMapDataset
+from portable_loader.grain.experimental_ops.prefetch import (ThreadPrefetchDatasetIterator, ThreadPrefetchIterDataset,
+                                                             device_put, multithread_prefetch)
+from portable_loader.grain.performance import PerformanceConfig, pick_performance_config
 from portable_loader.grain.testing import assert_equal_output_after_checkpoint
 from portable_loader.grain.transforms import FlatMap as FlatMapTransform
 from portable_loader.grain.transforms import MapWithIndex as MapWithIndexTransform
 
-__all__ = ["BOSHandling", "BestFitPackIterDataset", "ConcatThenSplitIterDataset", "DatasetOptions", "ElasticIterator",
-           "ExecutionTrackingMode", "WithOptionsIterDataset", "get_next_index", "set_next_index",
-           "FirstFitPackIterDataset", "FlatMapIterDataset", "FlatMapMapDataset", "FlatMapTransform",
-           "MapWithIndexTransform", "PerformanceConfig", "RepeatIterDataset", "ThreadPrefetchIterDataset",
-           "WindowShuffleIterDataset", "WindowShuffleMapDataset",
-           "ShapeDtypeStruct", "apply_transformations",
-           "assert_equal_output_after_checkpoint", "batch_and_pad", "get_element_spec", "index_shuffle",
-           "multithread_prefetch",
-           "pick_performance_config"]
-
-_NOT = "not supported"
-#: Grain 0.2.18's other ``grain.experimental`` names: (status, why).
-MISSING = {
-    "CacheIterDataset": (_NOT, "tokenize once with pl.precache and read the cache instead"),
-    "InterleaveIterDataset": (_NOT, "combine random-access sources with MapDataset.mix / concatenate instead"),
-    "LimitIterDataset": (_NOT, "take a prefix of the MapDataset (ds[:n]) or itertools.islice the iterator"),
-    "PackAndBatchOperation": (_NOT, "an operation of Grain's legacy DataLoader; pl.DataLoader(packing=True) packs"),
-    "ParquetIterDataset": (_NOT, "pl.source / pl.precache read Parquet files as random-access datasets"),
-    "TFRecordIterDataset": (_NOT, "TFRecord is sequential only; convert it, or use ArrayRecord"),
-    "RebatchIterDataset": (_NOT, "batch the unbatched stream instead"),
-    "RngPool": (_NOT, "random_map draws from a generator keyed by the element; no pool is needed"),
-    "ShapeDtypeStructProtocol": (_NOT, "a typing protocol of Grain's; ShapeDtypeStruct is the class to use"),
-    "ThreadPrefetchDatasetIterator": (_NOT, "to_iter_dataset(read_options=ReadOptions(...)) reads ahead with threads"),
-    "ZipIterDataset": (_NOT, "read two random-access datasets at one index with map_with_index instead"),
-    "ZipMapDataset": (_NOT, "read two random-access datasets at one index with map_with_index instead"),
-    "device_put": (_NOT, "portable_loader.adapters.jax.JaxLoader puts batches on devices"),
-}
-
-
-def __getattr__(name: str):
-    if name in MISSING:
-        return refused("grain.experimental", name, *MISSING[name])
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
+__all__ = ["BOSHandling", "BestFitPackIterDataset", "CacheIterDataset", "ConcatThenSplitIterDataset", "DatasetOptions",
+           "ElasticIterator", "ExecutionTrackingMode", "FirstFitPackIterDataset", "FlatMapIterDataset",
+           "FlatMapMapDataset", "FlatMapTransform", "InterleaveIterDataset", "LimitIterDataset",
+           "MapWithIndexTransform", "PackAndBatchOperation", "ParquetIterDataset", "PerformanceConfig", "RebatchIterDataset",
+           "RepeatIterDataset", "RngPool", "ShapeDtypeStruct", "ShapeDtypeStructProtocol", "TFRecordIterDataset",
+           "ThreadPrefetchDatasetIterator", "ThreadPrefetchIterDataset", "WindowShuffleIterDataset",
+           "WindowShuffleMapDataset", "WithOptionsIterDataset", "ZipIterDataset", "ZipMapDataset",
+           "apply_transformations", "assert_equal_output_after_checkpoint", "batch_and_pad", "device_put",
+           "get_element_spec", "get_next_index", "index_shuffle", "multithread_prefetch", "pick_performance_config",
+           "set_next_index"]
 
 @functools.lru_cache(maxsize=16)
 def _permutation(max_index: int, seed: int, rounds: int) -> IndexShuffle:
@@ -178,8 +166,24 @@ def batch_and_pad(values: Sequence[Any], *, batch_size: int, pad_value: Any = 0)
     return _tree_map(lambda x: np.concatenate([x, np.full((missing,) + x.shape[1:], pad_value, dtype=x.dtype)]), batch)
 
 
-@dataclasses.dataclass(frozen=True)
-class ShapeDtypeStruct:
+class ShapeDtypeStructProtocol(Protocol):
+    """Grain's ``ShapeDtypeStructProtocol``: anything with a ``shape`` and a ``dtype`` (a typing protocol,
+    not checked at run time, as Grain's); :class:`ShapeDtypeStruct` (and a ``jax.ShapeDtypeStruct``) is one.
+
+    Example:
+        >>> ShapeDtypeStructProtocol in ShapeDtypeStruct.__mro__
+        True
+    """
+
+    @property
+    def shape(self) -> tuple: ...
+
+    @property
+    def dtype(self) -> Any: ...
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class ShapeDtypeStruct(ShapeDtypeStructProtocol):
     """Grain's ``ShapeDtypeStruct``: the ``shape`` and ``dtype`` of one leaf of an element.
 
     Example:
@@ -188,8 +192,9 @@ class ShapeDtypeStruct:
         ShapeDtypeStruct(shape=(2, 3), dtype=dtype('int32'))
     """
 
-    shape: tuple
-    dtype: Any
+    # field(): without it the protocol's properties would be taken as defaults (Grain's takes them).
+    shape: tuple = dataclasses.field()
+    dtype: Any = dataclasses.field()
 
 
 def get_element_spec(ds) -> Any:

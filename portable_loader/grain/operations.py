@@ -4,8 +4,10 @@ Grain 0.2.18 still accepts them in ``DataLoader(operations=...)``, where each wr
 the records' data. Here each *is* the matching transform (``MapOperation`` a ``transforms.Map``,
 ``BatchOperation`` a batch), so the ``DataLoader``, ``MapDataset.apply`` and the state treat them
 as such. An exception of the function is raised as Grain's ``ValueError`` with it as the cause.
-Any other callable over an iterator of records (Grain's ``Operation`` protocol) is refused by the
-``DataLoader``: what it keeps between records cannot be saved in a position.
+Grain's ``grain.experimental.PackAndBatchOperation`` runs there with a position state
+(portable_loader/grain/experimental_ops/pack_and_batch.py); any other callable over an iterator of
+records (Grain's ``Operation`` protocol) is refused by the ``DataLoader``: what it keeps between
+records cannot be saved in a position.
 
 Example:
     >>> from portable_loader import grain

@@ -1,14 +1,9 @@
-"""``grain.experimental.pick_performance_config`` and the thread-prefetch names, on portable_loader's pipelines.
+"""``grain.experimental.pick_performance_config`` on portable_loader's pipelines.
 
 ``pick_performance_config`` sizes the workers and the read-ahead buffer from a RAM budget and the
 measured size of a few elements, as Grain's does: workers = budget / element size (at most
 ``max_workers``, default the CPU count), buffer = budget / element size of what the source yields
 (at most ``max_buffer_size``, default 1,000). MaxText calls it for ``grain_worker_count=-1``.
-
-``ThreadPrefetchIterDataset`` and ``multithread_prefetch`` return a pipeline with the parent's
-elements and state: reading ahead is done at the source (``to_iter_dataset(ReadOptions(...))``)
-and in ``mp_prefetch``'s workers, whose order does not depend on their count, so no thread is added
-here and the stream is the one Grain's gives (where Grain's does not depend on its thread count).
 
 Example:
     >>> import numpy as np
@@ -32,7 +27,7 @@ import numpy as np
 
 from portable_loader.grain.options import MultiprocessingOptions, ReadOptions
 
-__all__ = ["PerformanceConfig", "ThreadPrefetchIterDataset", "multithread_prefetch", "pick_performance_config"]
+__all__ = ["PerformanceConfig", "pick_performance_config"]
 
 _log = logging.getLogger(__name__)
 
@@ -99,30 +94,3 @@ def pick_performance_config(ds, *, ram_budget_mb: int | None, max_workers: int |
     source_size = _mean_mb(sources, samples_to_check)
     buffer = buffer_cap if source_size <= 0 else min(int(ram_budget_mb / (source_size * len(sources))), buffer_cap)
     return PerformanceConfig(MultiprocessingOptions(num_workers=workers), ReadOptions(prefetch_buffer_size=buffer))
-
-
-def ThreadPrefetchIterDataset(parent, *, prefetch_buffer_size: int):  # noqa: N802 (Grain's class name)
-    """Grain's ``ThreadPrefetchIterDataset``: ``parent`` itself (see the module: no thread is added).
-
-    Example:
-        >>> from portable_loader import grain
-        >>> ds = grain.MapDataset.range(3).to_iter_dataset()
-        >>> list(ThreadPrefetchIterDataset(ds, prefetch_buffer_size=10))
-        [0, 1, 2]
-    """
-    if prefetch_buffer_size < 0:
-        raise ValueError(f"`prefetch_buffer_size` must be greater than or equal to 0, got {prefetch_buffer_size}.")
-    return parent
-
-
-def multithread_prefetch(ds, num_threads: int, buffer_size: int, sequential_slice: bool = False):
-    """Grain's ``multithread_prefetch``: ``ds``'s elements in ``ds``'s order, at any ``num_threads`` (see the module).
-
-    Example:
-        >>> from portable_loader import grain
-        >>> list(multithread_prefetch(grain.MapDataset.range(5).to_iter_dataset(), num_threads=4, buffer_size=2))
-        [0, 1, 2, 3, 4]
-    """
-    if num_threads < 0 or buffer_size < 0:
-        raise ValueError(f"num_threads and buffer_size must be >= 0, got {num_threads} and {buffer_size}")
-    return ds
