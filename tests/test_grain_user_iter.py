@@ -1,0 +1,288 @@
+"""User-written ``IterDataset``/``DatasetIterator`` subclasses in our pipelines (portable_loader/dataset/iter/opaque.py).
+
+Oracle: real Grain 0.2.18 running the same user classes, written once over a module ``grain``
+(``tests/grain_user_iters.py``) and built over real Grain's base classes, at 0 workers: element
+for element, and the user's own fields of the state at every element (each library nests its own
+parent state, in its own format). On top, what docs/grain.md promises: the same stream and states
+at 2 ``mp_prefetch`` workers, with the operations below the step still in the workers; resume
+from any state, across worker counts and in a fresh process; the Orbax handler; refusal of a state
+of another step (class or constructor argument) or an edited one.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import grain
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings, strategies as st
+
+import grain_user_iters as users
+from conftest import canon
+from portable_loader import grain as pg
+from portable_loader.errors import StateError
+
+ROOT = Path(__file__).resolve().parents[1]
+OURS, REAL = users.classes(pg), users.classes(grain)
+TWO = pg.MultiprocessingOptions(num_workers=2)
+
+
+def run(ds, limit: int = 10_000):
+    """(elements, states after each) of ``iter(ds)``, closed at the end."""
+    it = iter(ds)
+    out, states = [], []
+    try:
+        for x in it:
+            out.append(canon(x))
+            states.append(it.get_state())
+            if len(out) >= limit:
+                break
+    finally:
+        getattr(it, "close", lambda: None)()
+    return out, states
+
+
+def rest_after(ds, state) -> list:
+    it = iter(ds)
+    try:
+        it.set_state(state)
+        return [canon(x) for x in it]
+    finally:
+        getattr(it, "close", lambda: None)()
+
+
+@pytest.mark.parametrize("name", users.NAMES)
+def test_elements_and_user_states_equal_real_grain_at_0_workers(name):
+    theirs, their_states = run(users.pipeline(name, grain))
+    ours, our_states = run(users.pipeline(name, pg))
+    assert ours == theirs and len(ours) >= 5
+    assert [users.user_parts(s) for s in our_states] == [users.user_parts(s) for s in their_states]
+    assert all(users.user_parts(s) for s in our_states)  # the user's fields are there to compare
+
+
+@pytest.mark.parametrize("name", users.NAMES)
+def test_two_workers_equal_zero_and_states_resume_across_counts(name):
+    ds = users.pipeline(name, pg)
+    zero, zero_states = run(ds)
+    two, two_states = run(ds.mp_prefetch(TWO))
+    assert two == zero
+    assert two_states == zero_states  # the same state at any worker count, nested parts included
+    for k in sorted({0, len(zero) // 2, len(zero) - 1}):
+        assert rest_after(ds.mp_prefetch(TWO), zero_states[k]) == zero[k + 1:]
+        assert rest_after(ds, two_states[k]) == zero[k + 1:]
+
+
+def test_operations_below_the_step_run_in_the_workers_and_the_step_here():
+    ds = OURS.EveryNth(pg.MapDataset.range(200).to_iter_dataset().map(users.with_pid), n=2, k=0)
+    with iter(ds.mp_prefetch(TWO)) as it:
+        got = list(it)
+    assert os.getpid() not in {pid for _, pid in got} and len({pid for _, pid in got}) == 2
+    assert [x for x, _ in got] == list(range(0, 200, 2))
+
+    class Where(pg.IterDataset):
+        def __iter__(self):
+            return WhereIterator(self._parent.__iter__())
+
+    class WhereIterator(pg.DatasetIterator):
+        def __next__(self):
+            return (next(self._parent), os.getpid(), self._ctx.mp_context.process_count)
+
+        def get_state(self):
+            return self._parent.get_state()
+
+        def set_state(self, state):
+            self._parent.set_state(state)
+
+    with iter(Where(pg.MapDataset.range(10).to_iter_dataset()).mp_prefetch(TWO)) as it:
+        got = list(it)
+    assert [x for x, _, _ in got] == list(range(10))
+    assert {(pid, count) for _, pid, count in got} == {(os.getpid(), 1)}
+
+
+@pytest.mark.parametrize("name", users.NAMES)
+def test_resume_from_every_state_continues_the_stream(name):
+    ds = users.pipeline(name, pg)
+    whole, states = run(ds)
+    for k in range(len(whole)):
+        restored = json.loads(json.dumps(states[k]))  # as a checkpoint holds it
+        assert rest_after(ds, restored) == whole[k + 1:], k
+
+
+def test_resume_in_a_fresh_process(tmp_path):
+    ds = users.pipeline("nested", pg)
+    whole, states = run(ds.mp_prefetch(TWO))
+    k = len(whole) // 3
+    (tmp_path / "state.json").write_text(json.dumps(states[k]))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), str(ROOT / "tests")]))
+    subprocess.run([sys.executable, str(ROOT / "tests" / "grain_user_iters.py"), "nested",
+                    str(tmp_path / "state.json"), str(tmp_path / "rest.json")], check=True, env=env, timeout=120)
+    assert json.loads((tmp_path / "rest.json").read_text()) == json.loads(json.dumps(whole[k + 1:]))
+
+
+@pytest.mark.parametrize("name", ["sharded", "top"])
+def test_orbax_handler_round_trip(tmp_path, name):
+    ocp = pytest.importorskip("orbax.checkpoint")
+    ds = users.pipeline(name, pg)
+    whole, _ = run(ds)
+    it = iter(ds)
+    for _ in range(3):
+        next(it)
+    mngr = ocp.CheckpointManager(str(tmp_path / "ckpt"))
+    mngr.save(1, args=ocp.args.Composite(data_iter=pg.checkpoint.CheckpointSave(it)))
+    mngr.wait_until_finished()
+    it.close()
+    restored = mngr.restore(1, args=ocp.args.Composite(data_iter=pg.checkpoint.CheckpointRestore(iter(ds))))
+    assert [canon(x) for x in restored["data_iter"]] == whole[3:]
+    mngr.close()
+
+
+def test_a_dataset_iterator_built_directly_over_another_iterator():
+    def direct(g, c):
+        return c.EveryNthIterator(iter(g.MapDataset.range(30).to_iter_dataset().map(users.double)), 4, 2)
+
+    theirs, their_states = run_iterator(direct(grain, REAL))
+    ours, our_states = run_iterator(direct(pg, OURS))
+    assert ours == theirs == [canon(2 * x + 1) for x in range(2, 30, 4)]
+    assert [users.user_parts(s) for s in our_states] == [users.user_parts(s) for s in their_states]
+    it = direct(pg, OURS)
+    it.set_state(our_states[2])
+    assert [canon(x) for x in it] == ours[3:]
+    plain = OURS.EveryNthIterator(iter(range(10)), 3, 0)  # any Python iterator is one parent
+    assert list(plain) == [0, 3, 6, 9]
+
+
+def run_iterator(it):
+    out, states = [], []
+    for x in it:
+        out.append(canon(x))
+        states.append(it.get_state())
+    it.close()
+    return out, states
+
+
+def test_one_parent_is_one_dataset_even_an_infinite_one():
+    endless = pg.MapDataset.range(5).repeat()
+    step = OURS.EveryNth(endless, 3, 1)
+    assert step.parents == (endless,)
+    assert pg.IterDataset(endless).parents == (endless,)
+    ours = [canon(x) for x, _ in zip(step, range(12))]
+    theirs = [canon(x) for x, _ in zip(REAL.EveryNth(grain.MapDataset.range(5).repeat(), 3, 1), range(12))]
+    assert ours == theirs == [canon(x % 5) for x in range(1, 36, 3)]
+    assert pg.IterDataset([endless, endless]).parents == (endless, endless)
+
+
+def test_states_of_another_step_or_edited_ones_are_refused():
+    def make(n, cls=OURS.EveryNth):
+        return cls(pg.MapDataset.range(40).to_iter_dataset(), n=n, k=0).map(users.double)
+
+    it = iter(make(3))
+    next(it), next(it)
+    state = it.get_state()
+    assert rest_after(make(3), state)  # its own pipeline takes it
+    with pytest.raises(StateError, match="'pipeline'"):
+        rest_after(make(4), state)  # another constructor argument
+
+    class OtherNth(OURS.EveryNth):
+        pass
+
+    with pytest.raises(StateError, match="'pipeline'"):
+        rest_after(make(3, OtherNth), state)  # another class
+    edited = json.loads(json.dumps(state))
+    edited["steps"]["0.EveryNth"]["seen"] += 1
+    with pytest.raises(StateError, match="'check'"):
+        rest_after(make(3), edited)
+    missing = {k: v for k, v in state.items() if k != "steps"}
+    with pytest.raises(StateError, match="'steps'"):
+        rest_after(make(3), missing)
+
+
+def test_the_fingerprint_ignores_what_the_step_does_to_itself():
+    class Lazy(pg.IterDataset):
+        def __init__(self, parent, scale):
+            super().__init__(parent)
+            self.scale, self.calls = scale, 0
+
+        def __iter__(self):
+            self.calls += 1
+            self.table = {i: i * self.scale for i in range(5)}  # built on first use
+            return OURS.EveryNthIterator(self._parent.__iter__(), 1, 0)
+
+    def make():
+        return Lazy(pg.MapDataset.range(8).to_iter_dataset(), 2).batch(3)
+
+    used = make()
+    it = iter(used)
+    next(it)
+    state = it.get_state()
+    used.scale = 99  # changed after construction: not what names it
+    assert used.fingerprint() == make().fingerprint()
+    assert rest_after(make(), state) == [canon(np.array([3, 4, 5])), canon(np.array([6, 7]))]
+
+
+def test_a_subclass_without_iter_or_state_methods_is_a_clear_error():
+    class NoIter(pg.IterDataset):
+        pass
+
+    with pytest.raises(TypeError, match="defines no __iter__"):
+        iter(NoIter(pg.MapDataset.range(3).to_iter_dataset()).map(users.double))
+
+    class NoState(pg.DatasetIterator):
+        def __next__(self):
+            return 1
+
+    with pytest.raises(TypeError, match="'get_state', 'set_state'"):
+        NoState()
+
+
+def test_closing_the_pipeline_closes_the_user_iterator_and_its_workers():
+    ds = OURS.EveryNth(pg.MapDataset.range(100).to_iter_dataset().map(users.double), 2, 0).batch(2)
+    it = iter(ds.mp_prefetch(TWO))
+    next(it)
+    user = it._root.child.iterator
+    parent = user._parent
+    it.close()
+    assert user._closed and parent._closed
+    with pytest.raises(ValueError):
+        next(it)
+
+
+_STEPS = st.lists(st.one_of(
+    st.tuples(st.just("map")),
+    st.tuples(st.just("filter"), st.integers(2, 5)),
+    st.tuples(st.just("every"), st.integers(1, 4), st.integers(0, 3)),
+    st.tuples(st.just("batch"), st.integers(1, 4)),
+), min_size=1, max_size=5)
+
+
+def _chain(g, c, size: int, steps: list):
+    ds, batched = g.MapDataset.range(size).to_iter_dataset(), 0
+    for step in steps:
+        if step[0] == "map":
+            ds = ds.map(users.double)
+        elif step[0] == "filter":
+            ds = ds.filter(lambda x, m=step[1]: int(np.sum(x)) % m != 0)
+        elif step[0] == "every":
+            ds = c.EveryNth(ds, step[1], step[2] % step[1])
+        elif batched:  # the last batch's rows again, the step holding its place inside a batch
+            ds, batched = c.Unbatch(ds), 0
+        else:
+            ds, batched = ds.batch(step[1]), 1
+    return ds
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(size=st.integers(0, 40), steps=_STEPS, cut=st.integers(0, 100))
+def test_random_chains_equal_real_grain_and_resume(size, steps, cut):
+    theirs, their_states = run(_chain(grain, REAL, size, steps))
+    ds = _chain(pg, OURS, size, steps)
+    ours, our_states = run(ds)
+    assert ours == theirs
+    assert [users.user_parts(s) for s in our_states] == [users.user_parts(s) for s in their_states]
+    if ours:
+        k = cut % len(ours)
+        assert rest_after(ds, json.loads(json.dumps(our_states[k]))) == ours[k + 1:]
