@@ -11,6 +11,8 @@ of another step (class or constructor argument) or an edited one.
 
 from __future__ import annotations
 
+import copy
+import dataclasses
 import json
 import os
 import subprocess
@@ -222,6 +224,24 @@ def test_the_fingerprint_ignores_what_the_step_does_to_itself():
     used.scale = 99  # changed after construction: not what names it
     assert used.fingerprint() == make().fingerprint()
     assert rest_after(make(), state) == [canon(np.array([3, 4, 5])), canon(np.array([6, 7]))]
+
+
+def test_a_dataclass_step_is_named_by_its_fields_and_survives_copies():
+    @dataclasses.dataclass(eq=False)
+    class Shard(pg.IterDataset):
+        parent: object
+        n: int
+
+        def __iter__(self):
+            return OURS.EveryNthIterator(self.parent.__iter__(), self.n, 0)
+
+    def make(n):
+        return Shard(pg.MapDataset.range(12).to_iter_dataset(), n).batch(2)
+
+    assert make(3).fingerprint() == make(3).fingerprint() != make(4).fingerprint()
+    assert [canon(b) for b in make(3)] == [canon(np.array([0, 3])), canon(np.array([6, 9]))]
+    step = OURS.EveryNth(pg.MapDataset.range(12).to_iter_dataset(), 3, 0)
+    assert copy.deepcopy(step).fingerprint() == copy.copy(step).fingerprint() == step.fingerprint()
 
 
 def test_a_subclass_without_iter_or_state_methods_is_a_clear_error():

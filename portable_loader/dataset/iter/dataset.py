@@ -117,11 +117,11 @@ class IterDataset:
         """
         self._parents = (parents,) if _is_dataset(parents) else tuple(parents)
 
-    def __init_subclass__(cls, **kwargs):
+    def __new__(cls, *args, **kwargs):
         # A user's step is named by the arguments it was built with (opaque.record_arguments).
-        super().__init_subclass__(**kwargs)
-        if "__init__" in cls.__dict__:
-            cls.__init__ = record_arguments(cls.__dict__["__init__"])
+        self = super().__new__(cls)
+        record_arguments(self, args, kwargs)
+        return self
 
     @property
     def parents(self) -> tuple:

@@ -12,7 +12,10 @@ size:
   ``"<n>.random_map.count"`` / ``"<n>.map_with_index.count"`` (elements that operation has seen)
   and ``"<n>.mix.index"`` / ``"<n>.mix.stop"`` per mixture, ``<n>`` numbering the pipeline's nodes
   from the sources up;
-- ``check``: a digest of the three, so an edited or damaged state is refused;
+- ``steps``, only where the pipeline has user-written steps (:mod:`~portable_loader.dataset.iter.opaque`):
+  what each one's iterator's ``get_state()`` returned, by ``"<n>.<class name>"``; where such a
+  step is the last one, the state is its own state alone, as in Grain;
+- ``check``: a digest of the fields above, so an edited or damaged state is refused;
 - where the last step is a ``WindowShuffleIterDataset``, also Grain's ``window_index`` (an int, the
   windows fully emitted), which Grain code reads: derived from the cursor and checked against it.
 

@@ -37,7 +37,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
-import functools
+import dataclasses
 import threading
 
 import numpy as np
@@ -50,7 +50,7 @@ _context = threading.local()
 
 
 def is_opaque(node) -> bool:
-    """Whether ``node`` is a user's step: its class overrides ``__iter__`` and is none of the built-in steps.
+    """Whether ``node`` (a dataset or a class) is a user's step: it overrides ``__iter__`` and is none of the built-in steps.
 
     Built-in steps are compiled into running parts (they define ``_make_part``, or are the core nodes
     of :mod:`portable_loader.dataset.iter.dataset`); only a class that brings its own iterator is opaque.
@@ -60,21 +60,22 @@ def is_opaque(node) -> bool:
         >>> class Mine(IterDataset):
         ...     def __iter__(self):
         ...         return iter(self._parent)
-        >>> is_opaque(Mine(to_iter_dataset([1]))), is_opaque(to_iter_dataset([1]))
-        (True, False)
+        >>> is_opaque(Mine(to_iter_dataset([1]))), is_opaque(Mine), is_opaque(to_iter_dataset([1]))
+        (True, True, False)
     """
     from portable_loader.dataset.iter.dataset import IterDataset
 
-    return (isinstance(node, IterDataset) and type(node).__iter__ is not IterDataset.__iter__
-            and not hasattr(node, "_make_part"))
+    cls = node if isinstance(node, type) else type(node)
+    return issubclass(cls, IterDataset) and cls.__iter__ is not IterDataset.__iter__ and not hasattr(cls, "_make_part")
 
 
-def record_arguments(init):
-    """``init`` (a subclass's ``__init__``) wrapped to record the arguments of the outermost constructor call.
+def record_arguments(obj, args: tuple, kwargs: dict) -> None:
+    """Record, on a user's step ``obj`` being created, the arguments its constructor is called with.
 
-    Recorded before ``init`` runs, so nothing the object sets on itself (then or while it runs) can
-    enter its fingerprint. Values are snapshotted at once (:func:`_snapshot`); datasets are kept
-    and named by their own fingerprint when one is asked for.
+    Called from ``IterDataset.__new__``, before any ``__init__`` runs (a dataclass's included), so
+    nothing the object sets on itself, then or while it runs, can enter its fingerprint. Values
+    are snapshotted at once (:func:`_snapshot`); datasets are kept and named by their own
+    fingerprint when one is asked for.
 
     Example:
         >>> from portable_loader.dataset.iter.dataset import IterDataset, to_iter_dataset
@@ -87,14 +88,8 @@ def record_arguments(init):
         >>> Mine(to_iter_dataset([1]), n=3)._arguments[1]
         {'n': 3}
     """
-
-    @functools.wraps(init)
-    def wrapper(self, *args, **kwargs):
-        if "_arguments" not in self.__dict__ and is_opaque(self):
-            self.__dict__["_arguments"] = (_snapshot(args), {k: _snapshot(v) for k, v in kwargs.items()})
-        init(self, *args, **kwargs)
-
-    return wrapper
+    if is_opaque(obj):
+        obj.__dict__["_arguments"] = (_snapshot(args), {k: _snapshot(v) for k, v in kwargs.items()})
 
 
 class _DatasetRef:
@@ -118,6 +113,10 @@ def _snapshot(value, depth: int = 0):
         return tuple(_snapshot(v, depth + 1) for v in value)
     if depth <= 4 and isinstance(value, dict):
         return {k: _snapshot(v, depth + 1) for k, v in value.items()}
+    if depth <= 4 and dataclasses.is_dataclass(value) and not isinstance(value, type):
+        # A config object: its fields are what it was built with.
+        return ("object", _qualified(type(value)),
+                {f.name: _snapshot(getattr(value, f.name, None), depth + 1) for f in dataclasses.fields(value)})
     return _plain(value)
 
 
