@@ -44,7 +44,7 @@ import numpy as np
 
 from portable_loader.dataset.base import Dataset, _plain, _qualified
 
-__all__ = ["OpaqueIter", "is_opaque", "nested", "nesting", "opaque_identity", "record_arguments", "state_form"]
+__all__ = ["OpaqueIter", "copy_state", "is_opaque", "nested", "nesting", "opaque_identity", "record_arguments", "state_form"]
 
 _context = threading.local()
 
@@ -215,6 +215,30 @@ def state_form(value):
     return repr(value)
 
 
+def copy_state(value):
+    """A copy of a state, so that what an iterator later does to its own dict changes no saved state.
+
+    Dicts, lists and tuples are copied level by level and plain values kept (a state taken at
+    every element, under packing or a flat map, would spend most of its time in ``copy.deepcopy``);
+    anything else is deep-copied.
+
+    Example:
+        >>> inner = {"i": [1, 2]}
+        >>> saved = copy_state({"parent": inner, "n": 3})
+        >>> inner["i"].append(3); saved
+        {'parent': {'i': [1, 2]}, 'n': 3}
+    """
+    if value is None or isinstance(value, (bool, int, float, str, bytes)):
+        return value
+    if type(value) is dict:
+        return {k: copy_state(v) for k, v in value.items()}
+    if type(value) is list:
+        return [copy_state(v) for v in value]
+    if type(value) is tuple:
+        return tuple(copy_state(v) for v in value)
+    return copy.deepcopy(value)
+
+
 class OpaqueIter:
     """The running part of a user's step: ``next`` from its iterator; its state is the iterator's own.
 
@@ -236,13 +260,13 @@ class OpaqueIter:
         return next(self.iterator)
 
     def fields(self) -> dict:
-        return {self.field: copy.deepcopy(self.iterator.get_state())}
+        return {self.field: copy_state(self.iterator.get_state())}
 
     def field_names(self) -> list[str]:
         return [self.field]
 
     def restore(self, fields: dict, refuse) -> None:
-        self.iterator.set_state(copy.deepcopy(fields[self.field]))
+        self.iterator.set_state(copy_state(fields[self.field]))
 
     def next_index(self) -> int:
         try:
