@@ -167,6 +167,44 @@ def run_iterator(it):
     return out, states
 
 
+def test_a_user_iterator_over_a_data_loader_iterator_resumes():
+    def make():
+        loader = pg.DataLoader(data_source=list(range(30)), sampler=pg.samplers.IndexSampler(30, num_epochs=1),
+                               operations=[pg.transforms.Batch(2)], worker_count=0)
+        return OURS.EveryNthIterator(iter(loader), 3, 1)
+
+    whole, states = run_iterator(make())
+    assert whole == [canon(np.array([x, x + 1])) for x in range(2, 30, 6)]
+    again = make()
+    again.set_state(states[1])
+    assert [canon(x) for x in again] == whole[2:]
+
+
+def test_options_set_above_a_step_reach_its_iterator_as_in_grain():
+    def seen(g):
+        class Opts(g.IterDataset):
+            def __iter__(self):
+                return OptsIterator(self._parent.__iter__())
+
+        class OptsIterator(g.DatasetIterator):
+            def __next__(self):
+                return (int(next(self._parent)), self._ctx.dataset_options.filter_warn_threshold_ratio)
+
+            def get_state(self):
+                return self._parent.get_state()
+
+            def set_state(self, state):
+                self._parent.set_state(state)
+
+        below = g.experimental.WithOptionsIterDataset(
+            g.MapDataset.range(3).to_iter_dataset(), g.experimental.DatasetOptions(filter_warn_threshold_ratio=0.3))
+        above = g.experimental.DatasetOptions(filter_warn_threshold_ratio=0.6)
+        return (list(Opts(below).map(lambda x: x)),
+                list(g.experimental.WithOptionsIterDataset(Opts(below).map(lambda x: x), above)))
+
+    assert seen(pg) == seen(grain) == ([(0, 0.3), (1, 0.3), (2, 0.3)], [(0, 0.6), (1, 0.6), (2, 0.6)])
+
+
 def test_one_parent_is_one_dataset_even_an_infinite_one():
     endless = pg.MapDataset.range(5).repeat()
     step = OURS.EveryNth(endless, 3, 1)
