@@ -1,4 +1,4 @@
-"""User-written ``IterDataset``/``DatasetIterator`` subclasses in our pipelines (portable_loader/dataset/iter/opaque.py).
+"""User-written ``IterDataset``/``DatasetIterator`` subclasses in pipelines (portable_loader/dataset/iter/opaque.py).
 
 Oracle: real Grain 0.2.18 running the same user classes, written once over a module ``grain``
 (``tests/grain_user_iters.py``) and built over real Grain's base classes, at 0 workers: element

@@ -44,13 +44,14 @@ import numpy as np
 
 from portable_loader.dataset.base import Dataset, _plain, _qualified
 
-__all__ = ["OpaqueIter", "copy_state", "is_opaque", "nested", "nesting", "opaque_identity", "record_arguments", "state_form"]
+__all__ = ["OpaqueIter", "copy_state", "is_opaque", "nested", "nesting", "opaque_identity", "record_arguments",
+           "state_form"]
 
 _context = threading.local()
 
 
 def is_opaque(node) -> bool:
-    """Whether ``node`` (a dataset or a class) is a user's step: it overrides ``__iter__`` and is none of the built-in steps.
+    """Whether ``node`` (a dataset or a class) is a user's step: its own ``__iter__``, none of the built-in steps.
 
     Built-in steps are compiled into running parts (they define ``_make_part``, or are the core nodes
     of :mod:`portable_loader.dataset.iter.dataset`); only a class that brings its own iterator is opaque.
@@ -151,8 +152,8 @@ def opaque_identity(node) -> tuple:
         ...         self.n = n
         ...     def __iter__(self):
         ...         return iter(self._parent)
-        >>> a = Every(to_iter_dataset(range(4)), 2)
-        >>> a.fingerprint() == Every(to_iter_dataset(range(4)), 2).fingerprint() != Every(to_iter_dataset(range(4)), 3).fingerprint()
+        >>> a, src = Every(to_iter_dataset(range(4)), 2), to_iter_dataset(range(4))
+        >>> a.fingerprint() == Every(src, 2).fingerprint() != Every(src, 3).fingerprint()
         True
         >>> a.n = 7                          # set after construction: not part of what names it
         >>> a._identity() == Every(to_iter_dataset(range(4)), 2)._identity()

@@ -40,8 +40,8 @@ from typing import Any
 
 from portable_loader.dataset.iter.dataset import IterDataset
 
-__all__ = ["DatasetOptions", "ExecutionTrackingMode", "IteratorContext", "MultiprocessingContext", "WithOptionsIterDataset",
-           "pipeline_options"]
+__all__ = ["DatasetOptions", "ExecutionTrackingMode", "IteratorContext", "MultiprocessingContext",
+           "WithOptionsIterDataset", "pipeline_options"]
 
 
 @enum.unique
@@ -176,7 +176,8 @@ class IteratorContext:
     Example:
         >>> ctx = IteratorContext(DatasetOptions(min_shm_size=8))
         >>> ctx.merge(IteratorContext(DatasetOptions(min_shm_size=2, filter_warn_threshold_ratio=0.5)))
-        >>> ctx.dataset_options.min_shm_size, ctx.dataset_options.filter_warn_threshold_ratio, ctx.mp_context.process_count
+        >>> options = ctx.dataset_options
+        >>> options.min_shm_size, options.filter_warn_threshold_ratio, ctx.mp_context.process_count
         (8, 0.5, 1)
     """
 
