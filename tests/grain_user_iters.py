@@ -139,6 +139,12 @@ def classes(grain) -> types.SimpleNamespace:
                 p.set_state(s)
             self.turn = state["turn"]
 
+    class Repeat(grain.experimental.FlatMapTransform):
+        max_fan_out = 3
+
+        def flat_map(self, x):
+            return [x] * (int(x) % 3)
+
     return types.SimpleNamespace(**{k: v for k, v in locals().items() if isinstance(v, type)})
 
 
@@ -204,12 +210,27 @@ def pipeline(name: str, grain):
     if name == "round_robin":
         return c.RoundRobin([ds.range(20).to_iter_dataset().map(double), c.Squares(15),
                              ds.range(200, 230).to_iter_dataset()]).batch(2)
+    if name == "repeated":
+        return grain.experimental.RepeatIterDataset(c.EveryNth(ds.range(10).to_iter_dataset(), n=2, k=1),
+                                                    num_epochs=3).batch(2)
+    if name == "window_shuffled":
+        return grain.experimental.WindowShuffleIterDataset(c.Unbatch(ds.range(30).to_iter_dataset().batch(4)),
+                                                           window_size=5, seed=3)
+    if name == "flat_mapped":
+        return grain.experimental.FlatMapIterDataset(c.EveryNth(ds.range(25).to_iter_dataset(), n=2, k=0), c.Repeat())
+    if name == "concat_split":
+        tokens = ds.range(1, 40).map(lambda n: {"ids": np.arange(n % 5 + 1, dtype=np.int32)}).to_iter_dataset()
+        return grain.experimental.ConcatThenSplitIterDataset(c.EveryNth(tokens, n=3, k=2), length_struct={"ids": 8})
     if name == "top":
         return c.EveryNth(ds.range(40).to_iter_dataset().map(double).batch(2), n=2, k=1)
     raise ValueError(name)
 
 
-NAMES = ["sharded", "unbatched", "nested", "source", "source_empty_list", "mixed", "packed", "round_robin", "top"]
+#: Pipelines whose step above the user's (flat map, window shuffle, concat-then-split) keeps its parent's
+#: state from another element than Grain's does: an equal position, another snapshot (docs/grain.md).
+SNAPSHOT_ELSEWHERE = {"window_shuffled", "flat_mapped", "concat_split"}
+NAMES = ["sharded", "unbatched", "nested", "source", "source_empty_list", "mixed", "packed", "round_robin", "repeated",
+         "window_shuffled", "flat_mapped", "concat_split", "top"]
 
 
 if __name__ == "__main__":
