@@ -171,6 +171,13 @@ def nested(pool, options):
     Its parent's ``__iter__`` compiles the parent pipeline (:func:`nesting` tells it the outer
     pipeline's worker pool and options), so the operations below the step still run in
     ``mp_prefetch``'s workers and see the whole pipeline's options.
+
+    Example:
+        >>> with nested("pool", "options"):
+        ...     nesting()
+        ('pool', 'options')
+        >>> nesting()
+        (None, None)
     """
     before = getattr(_context, "value", None)
     _context.value = (pool, options)
