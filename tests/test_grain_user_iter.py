@@ -286,6 +286,25 @@ def test_a_dataclass_step_is_named_by_its_fields_and_survives_copies():
     assert copy.deepcopy(step).fingerprint() == copy.copy(step).fingerprint() == step.fingerprint()
 
 
+def test_a_subclass_of_a_built_in_step_with_its_own_iter_runs_its_iterator():
+    class Tagged(pg.experimental.RepeatIterDataset):
+        def __iter__(self):
+            return OURS.EveryNthIterator(super().__iter__(), 2, 0)  # Grain's built-in iterator, wrapped
+
+    def make(g, cls):
+        return cls(g.MapDataset.range(5).to_iter_dataset(), num_epochs=2).map(users.double)
+
+    class RealTagged(grain.experimental.RepeatIterDataset):
+        def __iter__(self):
+            return REAL.EveryNthIterator(super().__iter__(), 2, 0)
+
+    ours, states = run(make(pg, Tagged))
+    assert ours == run(make(grain, RealTagged))[0] == [canon(2 * x + 1) for x in [0, 2, 4, 1, 3]]
+    assert rest_after(make(pg, Tagged), states[1]) == ours[2:]
+    alone = Tagged(pg.MapDataset.range(3).to_iter_dataset(), num_epochs=2)  # the last step: iter() is the user's
+    assert list(alone) == list(RealTagged(grain.MapDataset.range(3).to_iter_dataset(), num_epochs=2)) == [0, 2, 1]
+
+
 def test_a_subclass_without_iter_or_state_methods_is_a_clear_error():
     class NoIter(pg.IterDataset):
         pass

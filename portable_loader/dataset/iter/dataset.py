@@ -49,7 +49,7 @@ from typing import TYPE_CHECKING, Any, Callable
 import numpy as np
 
 from portable_loader.dataset.base import Dataset, digest, function_identity
-from portable_loader.dataset.iter.opaque import opaque_identity, record_arguments
+from portable_loader.dataset.iter.opaque import is_opaque, nested, nesting, opaque_identity, record_arguments
 from portable_loader.dataset.iter.ops import ElementOp
 from portable_loader.dataset.iter.runtime import int_proportions
 from portable_loader.dataset.seeds import default_seed
@@ -310,6 +310,9 @@ class IterDataset:
     def __iter__(self) -> "DatasetIterator":
         from portable_loader.dataset.iter.iterator import DatasetIterator
 
+        if is_opaque(self):  # super().__iter__() from a user's override of a built-in step: the built-in iterator
+            with nested(*nesting(), self):
+                return DatasetIterator(self)
         return DatasetIterator(self)
 
     def __repr__(self) -> str:

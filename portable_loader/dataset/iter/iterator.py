@@ -40,7 +40,7 @@ from collections.abc import Iterator, Mapping
 from portable_loader.dataset.base import digest
 from portable_loader.dataset.iter.dataset import (IterDataset, _BatchNode, _MixNode, _OpNode, _PrefetchNode, _SeedNode,
                                                   _SourceNode)
-from portable_loader.dataset.iter.opaque import OpaqueIter, is_opaque, nested, nesting, state_form
+from portable_loader.dataset.iter.opaque import OpaqueIter, building, is_opaque, nested, nesting, state_form
 from portable_loader.dataset.iter.ops import Segment
 from portable_loader.dataset.iter.options import (DatasetOptions, IteratorContext, WithOptionsIterDataset,
                                                   pipeline_options)
@@ -108,16 +108,16 @@ def _compile(root: IterDataset, options: DatasetOptions | None = None, pool=None
         if isinstance(node, _MixNode):
             children = [seal(build(p, pool)) for p in node._parents]
             return MixIter(f"{next(counter)}.mix", children, node.proportions)
+        if is_opaque(node) and not building(node):
+            field = f"{next(counter)}.{type(node).__name__}"
+            with nested(pool, options, node):
+                iterator = node.__iter__()
+            opaque.append(field)
+            return OpaqueIter(field, iterator)
         make_part = getattr(node, "_make_part", None)
         if make_part is not None:  # a step defined in its own module (iter_pack, iter_concat_split)
             children = [seal(build(p, pool)) for p in node._parents]
             return make_part(children, next(counter))
-        if is_opaque(node):
-            field = f"{next(counter)}.{type(node).__name__}"
-            with nested(pool, options):
-                iterator = node.__iter__()
-            opaque.append(field)
-            return OpaqueIter(field, iterator)
         if not isinstance(node, IterDataset):
             raise TypeError(f"{type(node).__name__} is not an IterDataset")
         raise TypeError(f"{type(node).__name__} subclasses IterDataset but defines no __iter__: a step of one's own "

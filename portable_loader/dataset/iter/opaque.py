@@ -44,7 +44,7 @@ import numpy as np
 
 from portable_loader.dataset.base import Dataset, _plain, _qualified
 
-__all__ = ["OpaqueIter", "copy_state", "is_opaque", "nested", "nesting", "opaque_identity", "record_arguments",
+__all__ = ["OpaqueIter", "building", "copy_state", "is_opaque", "nested", "nesting", "opaque_identity", "record_arguments",
            "state_form"]
 
 _context = threading.local()
@@ -54,20 +54,34 @@ def is_opaque(node) -> bool:
     """Whether ``node`` (a dataset or a class) is a user's step: its own ``__iter__``, none of the built-in steps.
 
     Built-in steps are compiled into running parts (they define ``_make_part``, or are the core nodes
-    of :mod:`portable_loader.dataset.iter.dataset`); only a class that brings its own iterator is opaque.
+    of :mod:`portable_loader.dataset.iter.dataset`); only a class that brings its own iterator is
+    opaque, a user's subclass of a built-in step that overrides ``__iter__`` included.
 
     Example:
         >>> from portable_loader.dataset.iter.dataset import IterDataset, to_iter_dataset
+        >>> from portable_loader.dataset.iter.repeat import RepeatIterDataset
         >>> class Mine(IterDataset):
         ...     def __iter__(self):
         ...         return iter(self._parent)
-        >>> is_opaque(Mine(to_iter_dataset([1]))), is_opaque(Mine), is_opaque(to_iter_dataset([1]))
-        (True, True, False)
+        >>> class Wrapped(RepeatIterDataset):
+        ...     def __iter__(self):
+        ...         return iter(self._parent)
+        >>> is_opaque(Mine(to_iter_dataset([1]))), is_opaque(Mine), is_opaque(Wrapped), is_opaque(RepeatIterDataset)
+        (True, True, True, False)
     """
     from portable_loader.dataset.iter.dataset import IterDataset
 
     cls = node if isinstance(node, type) else type(node)
-    return issubclass(cls, IterDataset) and cls.__iter__ is not IterDataset.__iter__ and not hasattr(cls, "_make_part")
+    if not issubclass(cls, IterDataset):
+        return False
+    own_iter, make_part = _definer(cls, "__iter__"), _definer(cls, "_make_part")
+    return own_iter is not IterDataset and (make_part is None or (own_iter is not make_part
+                                                                  and issubclass(own_iter, make_part)))
+
+
+def _definer(cls: type, name: str) -> type | None:
+    """The class in ``cls``'s MRO that defines ``name``."""
+    return next((c for c in cls.__mro__ if name in c.__dict__), None)
 
 
 def record_arguments(obj, args: tuple, kwargs: dict) -> None:
@@ -165,12 +179,13 @@ def opaque_identity(node) -> tuple:
 
 
 @contextlib.contextmanager
-def nested(pool, options):
-    """While a user's step builds its iterator, pipelines built inside it share ``pool`` and ``options``.
+def nested(pool, options, step=None):
+    """While a user's ``step`` builds its iterator, pipelines built inside it share ``pool`` and ``options``.
 
     Its parent's ``__iter__`` compiles the parent pipeline (:func:`nesting` tells it the outer
     pipeline's worker pool and options), so the operations below the step still run in
-    ``mp_prefetch``'s workers and see the whole pipeline's options.
+    ``mp_prefetch``'s workers and see the whole pipeline's options. A step that subclasses a
+    built-in one and calls ``super().__iter__()`` gets the built-in iterator (:func:`building`).
 
     Example:
         >>> with nested("pool", "options"):
@@ -180,11 +195,26 @@ def nested(pool, options):
         (None, None)
     """
     before = getattr(_context, "value", None)
-    _context.value = (pool, options)
+    steps = getattr(_context, "steps", ())
+    _context.value, _context.steps = (pool, options), steps + (id(step),)
     try:
         yield
     finally:
-        _context.value = before
+        _context.value, _context.steps = before, steps
+
+
+def building(step) -> bool:
+    """Whether ``step``'s own ``__iter__`` is running now: a pipeline it builds then runs it as its built-in class.
+
+    Example:
+        >>> step = object()
+        >>> with nested(None, None, step):
+        ...     building(step)
+        True
+        >>> building(step)
+        False
+    """
+    return id(step) in getattr(_context, "steps", ())
 
 
 def nesting():
