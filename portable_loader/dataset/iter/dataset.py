@@ -48,7 +48,8 @@ from typing import TYPE_CHECKING, Any, Callable
 
 import numpy as np
 
-from portable_loader.dataset.base import digest, function_identity
+from portable_loader.dataset.base import Dataset, digest, function_identity
+from portable_loader.dataset.iter.opaque import is_opaque, nested, nesting, opaque_identity, record_arguments
 from portable_loader.dataset.iter.ops import ElementOp
 from portable_loader.dataset.iter.runtime import int_proportions
 from portable_loader.dataset.seeds import default_seed
@@ -103,9 +104,24 @@ class IterDataset:
     __class_getitem__ = classmethod(types.GenericAlias)
     _seed_rng_seed = None
     _fp: str | None = None
+    _parents: tuple = ()  # a user's subclass that never calls super().__init__ has none
 
-    def __init__(self, parents: Sequence = ()):
-        self._parents = tuple(parents)
+    def __init__(self, parents: "IterDataset | Dataset | Sequence" = ()):
+        """``parents``: one dataset (ours or a ``MapDataset``) or a sequence of them, as Grain's.
+
+        Example:
+            >>> from portable_loader.dataset import Dataset
+            >>> endless = Dataset.range(3).repeat()
+            >>> IterDataset(endless).parents == (endless,)
+            True
+        """
+        self._parents = (parents,) if _is_dataset(parents) else tuple(parents)
+
+    def __new__(cls, *args, **kwargs):
+        # A user's step is named by the arguments it was built with (opaque.record_arguments).
+        self = super().__new__(cls)
+        record_arguments(self, args, kwargs)
+        return self
 
     @property
     def parents(self) -> tuple:
@@ -118,7 +134,7 @@ class IterDataset:
         return self._parents[0]
 
     def _identity(self) -> tuple:
-        raise NotImplementedError
+        return opaque_identity(self)  # the built-in steps define their own
 
     @property
     def _default_seed(self) -> int | None:
@@ -294,6 +310,9 @@ class IterDataset:
     def __iter__(self) -> "DatasetIterator":
         from portable_loader.dataset.iter.iterator import DatasetIterator
 
+        if is_opaque(self):  # super().__iter__() from a user's override of a built-in step: the built-in iterator
+            with nested(*nesting(), self):
+                return DatasetIterator(self)
         return DatasetIterator(self)
 
     def __repr__(self) -> str:
@@ -415,6 +434,14 @@ class _MixNode(IterDataset):
 
     def _identity(self) -> tuple:
         return ("mix", self.keys, tuple(self.proportions), tuple(p._identity() for p in self._parents))
+
+
+def _is_dataset(obj) -> bool:
+    """One dataset, not a sequence of them: ours, or a real Grain ``MapDataset``/``IterDataset``."""
+    if isinstance(obj, (IterDataset, Dataset)):
+        return True
+    grain_ds = sys.modules.get("grain._src.python.dataset.dataset")
+    return grain_ds is not None and isinstance(obj, (grain_ds.MapDataset, grain_ds.IterDataset))
 
 
 def _as_iter(obj) -> IterDataset:

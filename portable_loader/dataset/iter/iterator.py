@@ -12,7 +12,10 @@ size:
   ``"<n>.random_map.count"`` / ``"<n>.map_with_index.count"`` (elements that operation has seen)
   and ``"<n>.mix.index"`` / ``"<n>.mix.stop"`` per mixture, ``<n>`` numbering the pipeline's nodes
   from the sources up;
-- ``check``: a digest of the three, so an edited or damaged state is refused;
+- ``steps``, only where the pipeline has user-written steps (:mod:`~portable_loader.dataset.iter.opaque`):
+  what each one's iterator's ``get_state()`` returned, by ``"<n>.<class name>"``; where such a
+  step is the last one, the state is its own state alone, as in Grain;
+- ``check``: a digest of the fields above, so an edited or damaged state is refused;
 - where the last step is a ``WindowShuffleIterDataset``, also Grain's ``window_index`` (an int, the
   windows fully emitted), which Grain code reads: derived from the cursor and checked against it.
 
@@ -32,11 +35,12 @@ import itertools
 import operator
 import sys
 import types
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 
 from portable_loader.dataset.base import digest
 from portable_loader.dataset.iter.dataset import (IterDataset, _BatchNode, _MixNode, _OpNode, _PrefetchNode, _SeedNode,
                                                   _SourceNode)
+from portable_loader.dataset.iter.opaque import OpaqueIter, building, is_opaque, nested, nesting, state_form
 from portable_loader.dataset.iter.ops import Segment
 from portable_loader.dataset.iter.options import (DatasetOptions, IteratorContext, WithOptionsIterDataset,
                                                   pipeline_options)
@@ -51,14 +55,18 @@ STATE_VERSION = 1
 _WIDTH = 20  # digits of every integer in a state: 2**64 fits, and the size never depends on the position
 
 
-def _compile(root: IterDataset, options: DatasetOptions | None = None):
+def _compile(root: IterDataset, options: DatasetOptions | None = None, pool=None, opaque: list | None = None):
     """The running parts for ``root``, with the pipeline's ``options`` (Grain's defaults where None).
 
     Nodes are numbered from the sources up (so adding a step downstream renames no field), skipping
     ``seed``, ``mp_prefetch`` and ``WithOptionsIterDataset``: field names, like the fingerprint, do
-    not depend on them.
+    not depend on them. ``pool``: the worker pool of an ``mp_prefetch`` above ``root`` (a user's
+    step's parent, built inside the outer pipeline). A user's step (:mod:`~portable_loader.dataset.iter.opaque`)
+    becomes an :class:`~portable_loader.dataset.iter.opaque.OpaqueIter` over the iterator its
+    ``__iter__`` returns; its field is appended to ``opaque``.
     """
     counter = itertools.count()
+    opaque = [] if opaque is None else opaque
     options = DatasetOptions() if options is None else options
     ratios = (options.filter_warn_threshold_ratio, options.filter_raise_threshold_ratio)
 
@@ -100,13 +108,22 @@ def _compile(root: IterDataset, options: DatasetOptions | None = None):
         if isinstance(node, _MixNode):
             children = [seal(build(p, pool)) for p in node._parents]
             return MixIter(f"{next(counter)}.mix", children, node.proportions)
+        if is_opaque(node) and not building(node):
+            field = f"{next(counter)}.{type(node).__name__}"
+            with nested(pool, options, node):
+                iterator = node.__iter__()
+            opaque.append(field)
+            return OpaqueIter(field, iterator)
         make_part = getattr(node, "_make_part", None)
         if make_part is not None:  # a step defined in its own module (iter_pack, iter_concat_split)
             children = [seal(build(p, pool)) for p in node._parents]
             return make_part(children, next(counter))
-        raise TypeError(f"{type(node).__name__} is not a portable_loader IterDataset transformation")
+        if not isinstance(node, IterDataset):
+            raise TypeError(f"{type(node).__name__} is not an IterDataset")
+        raise TypeError(f"{type(node).__name__} subclasses IterDataset but defines no __iter__: a step of one's own "
+                        "returns its DatasetIterator from __iter__ (Grain's abstract method)")
 
-    return seal(build(root, None))
+    return seal(build(root, pool))
 
 
 class DatasetIterator(Closing):
@@ -141,19 +158,85 @@ class DatasetIterator(Closing):
 
     #: ``DatasetIterator[int]``, as Grain code annotates and subclasses it (the parameter is not checked).
     __class_getitem__ = classmethod(types.GenericAlias)
+    # What a user's subclass has before (or without) calling super().__init__, as Grain's base.
+    _parents: tuple = ()
+    _closed = False
+    _root = None
 
-    def __init__(self, dataset: IterDataset):
+    def __init__(self, parents=()):
+        """``iter(ds)`` builds one over an ``IterDataset``; a user's subclass passes its parent iterator(s).
+
+        As the base of a user's iterator (Grain's ``DatasetIterator.__init__(parents)``): one
+        iterator, a sequence of them, or nothing (a source); a plain Python iterator counts as one
+        parent. The subclass brings ``__next__``, ``get_state`` and ``set_state``.
+
+        Example:
+            >>> from portable_loader.dataset.iter.dataset import to_iter_dataset
+            >>> class Twice(DatasetIterator):
+            ...     def __next__(self):
+            ...         return 2 * next(self._parent)
+            ...     def get_state(self):
+            ...         return self._parent.get_state()
+            ...     def set_state(self, state):
+            ...         self._parent.set_state(state)
+            >>> it = Twice(iter(to_iter_dataset(range(3))))
+            >>> list(it), it._ctx.mp_context.process_count
+            ([0, 2, 4], 1)
+            >>> list(Twice(iter([5, 6])))           # over any iterator
+            [10, 12]
+        """
+        if isinstance(parents, IterDataset):
+            self._build(parents)
+        else:
+            self._adopt(parents)
+
+    def _build(self, dataset: IterDataset) -> None:
         self._closed = True  # until built: a failed build leaves nothing to close
         self._dataset = dataset
+        # Inside a user's step of an outer pipeline: that pipeline's workers and options (opaque.nested).
+        pool, outer = nesting()
+        if pool is not None and pool.started:  # too late to add a stream: read here (the stream is the same)
+            pool = None
+        options = pipeline_options(dataset)
+        options = options if outer is None else outer.merge(options)
         # Grain code reads the options as ``it._ctx.dataset_options`` and walks ``it._parents``: the
         # whole pipeline runs in this one iterator, so it has the pipeline's options and no parents.
-        self._ctx = IteratorContext(pipeline_options(dataset))
+        self._ctx = IteratorContext(options)
         self._parents = ()
-        self._root = _compile(dataset, self._ctx.dataset_options)
-        self._names = self._root.field_names()
+        self._opaque: list[str] = []  # the user's steps' fields: their states go under "steps"
+        self._root = _compile(dataset, options, pool, self._opaque)
+        self._names = [name for name in self._root.field_names() if name not in self._opaque]
         self._closed = False
         close_at_exit(self)
         _register_with_grain()
+
+    def _adopt(self, parents) -> None:
+        """Grain's base ``__init__``: the parents, their shared context, not closed."""
+        missing = [m for m in ("__next__", "get_state", "set_state")
+                   if getattr(type(self), m) is getattr(DatasetIterator, m)]
+        if missing:
+            raise TypeError(f"Can't instantiate abstract class {type(self).__name__} without an implementation for "
+                            f"abstract method{'s' if len(missing) > 1 else ''} {', '.join(map(repr, missing))}")
+        if isinstance(parents, Iterator) and not isinstance(parents, (list, tuple)):
+            parents = (parents,)
+        self._parents = tuple(parents)
+        contexts = [p._ctx for p in self._parents if isinstance(getattr(p, "_ctx", None), IteratorContext)]
+        self._ctx = contexts[0] if contexts else IteratorContext()
+        for ctx in contexts[1:]:
+            self._ctx.merge(ctx)
+        for parent in self._parents:  # one context for the whole tree, as Grain shares it
+            if hasattr(parent, "_ctx"):
+                parent._ctx = self._ctx
+        self._closed = False
+
+    @property
+    def _parent(self):
+        assert len(self._parents) == 1, self._parents
+        return self._parents[0]
+
+    def _assert_not_closed(self) -> None:
+        if self._closed:
+            raise ValueError(f"Trying to advance a closed iterator: '{self}'.")
 
     @property
     def _pipeline(self) -> str:
@@ -173,6 +256,8 @@ class DatasetIterator(Closing):
     def get_state(self) -> dict:
         """The stream position after the last element returned, as a small JSON-serializable dict.
 
+        A user's steps in the pipeline add ``steps``: each one's own ``get_state()``, by field name.
+
         Example:
             >>> from portable_loader.dataset.iter.dataset import to_iter_dataset
             >>> it = iter(to_iter_dataset(range(5)).filter(lambda x: x > 2))
@@ -180,9 +265,14 @@ class DatasetIterator(Closing):
             (3, {'0.source.position': '00000000000000000004'})
         """
         fields = self._root.fields()
+        if isinstance(self._root, OpaqueIter):  # a user's step is the last: its state is its own, as in Grain
+            return fields[self._root.field]
         cursor = {name: f"{int(fields[name]):0{_WIDTH}d}" for name in self._names}
-        return {"version": STATE_VERSION, "pipeline": self._pipeline, "cursor": cursor,
-                "check": _check(self._pipeline, cursor), **self._grain_keys(fields)}
+        steps = {name: fields[name] for name in self._opaque}
+        state = {"version": STATE_VERSION, "pipeline": self._pipeline, "cursor": cursor}
+        if steps:
+            state["steps"] = steps
+        return {**state, "check": _check(self._pipeline, cursor, steps), **self._grain_keys(fields)}
 
     def _grain_keys(self, fields: dict) -> dict:
         """Keys of Grain's own state that Grain code reads, where the last step has any (a window
@@ -203,6 +293,9 @@ class DatasetIterator(Closing):
         """
         if self._closed:
             raise ValueError("this DatasetIterator is closed")
+        if isinstance(self._root, OpaqueIter):
+            self._root.restore({self._root.field: state}, StateError)
+            return
         if not isinstance(state, Mapping):
             raise StateError(None, f"expected the dict that get_state() returns, got {type(state).__name__}")
         for key in ("version", "pipeline", "cursor", "check"):
@@ -224,8 +317,14 @@ class DatasetIterator(Closing):
             if not isinstance(value, str) or len(value) != _WIDTH or not value.isdigit() or not value.isascii():
                 raise StateError(name, f"{value!r} is not a {_WIDTH}-digit string")
             fields[name] = int(value)
-        if state["check"] != _check(self._pipeline, {k: cursor[k] for k in self._names}):
+        steps = state.get("steps", {})
+        if not isinstance(steps, Mapping) or sorted(steps) != sorted(self._opaque):
+            got = sorted(steps) if isinstance(steps, Mapping) else type(steps).__name__
+            raise StateError("steps", f"user steps {got} are not this pipeline's {sorted(self._opaque)}")
+        steps = {k: steps[k] for k in self._opaque}
+        if state["check"] != _check(self._pipeline, {k: cursor[k] for k in self._names}, steps):
             raise StateError("check", "does not match the state's fields: the state was edited or damaged")
+        fields.update(steps)
         for key, value in self._grain_keys(fields).items():
             if key in state and state[key] != value:
                 raise StateError(key, f"{state[key]!r} does not match the cursor ({value!r}): the state was edited")
@@ -249,6 +348,8 @@ class DatasetIterator(Closing):
         """
         if self._closed:
             raise ValueError("this DatasetIterator is closed")
+        if self._root is None:
+            raise NotImplementedError  # a user's iterator that does not define it, as Grain's base
         return next_index(self._root)
 
     def _set_next_index(self, index: int) -> None:
@@ -266,15 +367,23 @@ class DatasetIterator(Closing):
             raise ValueError("this DatasetIterator is closed")
         if isinstance(index, bool):
             raise TypeError("set_next_index: index must be an integer, got bool")
+        if self._root is None:
+            raise NotImplementedError
         set_next_index(self._root, operator.index(index))
 
     def start_prefetch(self) -> None:
         """Nothing to start ahead of the first ``next``: workers start then (kept for Grain's API).
 
+        A user's iterator passes it on to its parents, as Grain's base does.
+
         Example:
             >>> from portable_loader.dataset.iter.dataset import to_iter_dataset
             >>> iter(to_iter_dataset([1])).start_prefetch()
         """
+        for parent in self._parents:
+            start = getattr(parent, "start_prefetch", None)
+            if start is not None:
+                start()
 
     def set_weights(self, weights) -> None:
         """Refused with a ``ValueError`` that says why: only ``pl.DataLoader`` over ``pl.mix(...)`` re-weights
@@ -302,7 +411,12 @@ class DatasetIterator(Closing):
         if self._closed:
             return
         self._closed = True
-        self._root.close()
+        if self._root is not None:
+            self._root.close()
+        for parent in self._parents:  # a user's iterator closes its parents, as Grain's base does
+            close = getattr(parent, "close", None)
+            if close is not None:
+                close()
 
 
 def _register_with_grain() -> None:
@@ -318,5 +432,7 @@ def _register_with_grain() -> None:
         grain_ds.DatasetIterator.register(DatasetIterator)
 
 
-def _check(pipeline: str, cursor: dict) -> str:
-    return digest("IterDataset state", STATE_VERSION, pipeline, sorted(cursor.items()))
+def _check(pipeline: str, cursor: dict, steps: dict | None = None) -> str:
+    if not steps:  # a pipeline without user steps: the digest its states have always had
+        return digest("IterDataset state", STATE_VERSION, pipeline, sorted(cursor.items()))
+    return digest("IterDataset state", STATE_VERSION, pipeline, sorted(cursor.items()), state_form(steps))

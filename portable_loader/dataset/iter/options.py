@@ -40,7 +40,8 @@ from typing import Any
 
 from portable_loader.dataset.iter.dataset import IterDataset
 
-__all__ = ["DatasetOptions", "ExecutionTrackingMode", "IteratorContext", "WithOptionsIterDataset", "pipeline_options"]
+__all__ = ["DatasetOptions", "ExecutionTrackingMode", "IteratorContext", "MultiprocessingContext",
+           "WithOptionsIterDataset", "pipeline_options"]
 
 
 @enum.unique
@@ -151,16 +152,43 @@ class WithOptionsIterDataset(IterDataset):
         return f"WithOptionsIterDataset(options={self.options})"
 
 
-@dataclasses.dataclass
-class IteratorContext:
-    """What Grain's iterators share as ``_ctx``: here the options in force for the iterator's pipeline.
+@dataclasses.dataclass(frozen=True)
+class MultiprocessingContext:
+    """Grain's ``MultiprocessingContext``: which worker process an iterator runs in, of how many.
+
+    Here every iterator a user writes runs in the trainer's process, over the ordered stream
+    (docs/grain.md, "User-written iterators"), so it is always worker 0 of 1.
 
     Example:
-        >>> IteratorContext(DatasetOptions(min_shm_size=8)).dataset_options.min_shm_size
-        8
+        >>> MultiprocessingContext()
+        MultiprocessingContext(process_index=0, process_count=1)
     """
 
-    dataset_options: DatasetOptions
+    process_index: int = 0
+    process_count: int = 1
+
+
+@dataclasses.dataclass
+class IteratorContext:
+    """What Grain's iterators share as ``_ctx``: the options in force for the iterator's pipeline, and
+    Grain's ``mp_context`` and ``is_dataloader_pipeline``.
+
+    Example:
+        >>> ctx = IteratorContext(DatasetOptions(min_shm_size=8))
+        >>> ctx.merge(IteratorContext(DatasetOptions(min_shm_size=2, filter_warn_threshold_ratio=0.5)))
+        >>> options = ctx.dataset_options
+        >>> options.min_shm_size, options.filter_warn_threshold_ratio, ctx.mp_context.process_count
+        (8, 0.5, 1)
+    """
+
+    dataset_options: DatasetOptions = dataclasses.field(default_factory=DatasetOptions)
+    mp_context: MultiprocessingContext = MultiprocessingContext()
+    is_dataloader_pipeline: bool = False
+
+    def merge(self, other: "IteratorContext") -> None:
+        """Grain's merge, in place: these options over ``other``'s (a user's iterator over several parents)."""
+        self.dataset_options = self.dataset_options.merge(other.dataset_options)
+        self.is_dataloader_pipeline = self.is_dataloader_pipeline or other.is_dataloader_pipeline
 
 
 def pipeline_options(root: IterDataset) -> DatasetOptions:
