@@ -182,9 +182,12 @@ def test_a_subclass_with_its_own_iterator_runs_alone_and_inside_a_pipeline(tmp_p
     assert list(_Upper(path)) == list(_RealUpper(path)) == [b"AB", b"CD", b"EF"]
     assert _walk(_Upper(path)) == _walk(_RealUpper(path))
     assert _Upper(path)._path == path
+    assert list(_Upper(path).map(lambda b: b + b"!")) == list(_RealUpper(path).map(lambda b: b + b"!"))
     it = iter(_Upper(path).map(lambda b: b + b"!"))
     assert next(it) == b"AB!"
     state = it.get_state()
+    # Its own iterator runs as written (an opaque step): its state, Grain's, nests under "steps".
+    assert state["steps"] == {"0._Upper": {"reader_offset": 18}}
     again = iter(_Upper(path).map(lambda b: b + b"!"))
     again.set_state(state)
     assert list(again) == [b"CD!", b"EF!"]

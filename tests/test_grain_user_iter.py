@@ -367,3 +367,53 @@ def test_random_chains_equal_real_grain_and_resume(size, steps, cut):
     if ours:
         k = cut % len(ours)
         assert rest_after(ds, json.loads(json.dumps(our_states[k]))) == ours[k + 1:]
+
+
+def _source_classes(g):
+    """A source iterator as MaxText writes its remote-file reader: no parent, Grain's base
+    ``__init__`` called as ``grain.DatasetIterator.__init__(self)``, a state of its own."""
+
+    class Lines(g.DatasetIterator):
+        def __init__(self, n):
+            g.DatasetIterator.__init__(self)
+            self.n, self.i = n, 0
+
+        def __next__(self):
+            if self.i >= self.n:
+                raise StopIteration
+            self.i += 1
+            return f"line {self.i - 1}"
+
+        def get_state(self):
+            return {"file": "gs://bucket/a.txt", "i": self.i}
+
+        def set_state(self, state):
+            self.i = state["i"]
+
+    class LinesDataset(g.IterDataset):
+        def __init__(self, n):
+            super().__init__()
+            self.n = n
+
+        def __iter__(self):
+            return Lines(self.n)
+
+    return Lines, LinesDataset
+
+
+def test_a_source_iterator_calling_grains_base_init_with_no_arguments():
+    (ours, our_ds), (theirs, their_ds) = _source_classes(pg), _source_classes(grain)
+    alone = ours(5)
+    assert alone._parents == () and isinstance(alone, grain.DatasetIterator) and isinstance(alone, pg.DatasetIterator)
+    assert list(alone) == list(theirs(5)) == [f"line {i}" for i in range(5)]
+
+    def build(g, ds):
+        return ds(7).map(len).batch(3)
+
+    want = [canon(b) for b in build(grain, their_ds)]
+    it = iter(build(pg, our_ds))
+    states = [it.get_state()] + [it.get_state() for _ in it]
+    assert rest_after(build(pg, our_ds), states[0]) == want
+    assert states[1]["steps"] == {"0.LinesDataset": {"file": "gs://bucket/a.txt", "i": 3}}
+    for k, state in enumerate(states):
+        assert rest_after(build(pg, our_ds), json.loads(json.dumps(state))) == want[k:]

@@ -63,7 +63,9 @@ def _compile(root: IterDataset, options: DatasetOptions | None = None, pool=None
     not depend on them. ``pool``: the worker pool of an ``mp_prefetch`` above ``root`` (a user's
     step's parent, built inside the outer pipeline). A user's step (:mod:`~portable_loader.dataset.iter.opaque`)
     becomes an :class:`~portable_loader.dataset.iter.opaque.OpaqueIter` over the iterator its
-    ``__iter__`` returns; its field is appended to ``opaque``.
+    ``__iter__`` returns; its field is appended to ``opaque``. So is the field of a built-in step whose
+    ``_make_part`` returns an ``OpaqueIter`` (an interleave over datasets whose states are not flat
+    integers): its iterator runs as written and its state nests under ``steps``, as a user's would.
     """
     counter = itertools.count()
     opaque = [] if opaque is None else opaque
@@ -117,7 +119,10 @@ def _compile(root: IterDataset, options: DatasetOptions | None = None, pool=None
         make_part = getattr(node, "_make_part", None)
         if make_part is not None:  # a step defined in its own module (iter_pack, iter_concat_split)
             children = [seal(build(p, pool)) for p in node._parents]
-            return make_part(children, next(counter))
+            part = make_part(children, next(counter))
+            if isinstance(part, OpaqueIter):  # a built-in step whose state is not a position here (its own, nested)
+                opaque.append(part.field)
+            return part
         if not isinstance(node, IterDataset):
             raise TypeError(f"{type(node).__name__} is not an IterDataset")
         raise TypeError(f"{type(node).__name__} subclasses IterDataset but defines no __iter__: a step of one's own "
@@ -228,6 +233,7 @@ class DatasetIterator(Closing):
             if hasattr(parent, "_ctx"):
                 parent._ctx = self._ctx
         self._closed = False
+        _register_with_grain()  # Grain's checkpoint handler then saves it as one of Grain's iterators
 
     @property
     def _parent(self):

@@ -12,10 +12,11 @@ states are the inner iterators' own: Grain's where the inner iterator is Grain-s
 ``ParquetIterDataset`` file's, our positions for our pipelines). ``num_make_iter_threads``,
 ``make_iter_buffer_size`` and ``iter_buffer_size`` are Grain's read-ahead settings; here the inner
 iterators are made and read in the caller's thread, so they change nothing. Its state is not a
-flat position: inside our pipelines it runs where its inner iterators' states are flat dicts of
-integers with the same keys (files: ``ParquetIterDataset``, ``TFRecordIterDataset``), laid out as
-integer fields (:class:`InterleavePart`); over other datasets (``MapDataset``s) it runs on its own,
-and inside pipelines once user-written iterators do (issue 48, item 2).
+flat position: inside our pipelines, where its inner iterators' states are flat dicts of integers
+with the same keys (files: ``ParquetIterDataset``, ``TFRecordIterDataset``), it is laid out as
+integer fields (:class:`InterleavePart`); over other datasets (``MapDataset``s, pipelines) it runs
+as an opaque step (:mod:`portable_loader.dataset.iter.opaque`): its iterator as written, its Grain
+state nested under the pipeline state's ``steps`` (:func:`interleave_part`).
 
 Example:
     >>> from portable_loader import grain
@@ -33,10 +34,11 @@ from typing import Any, Sequence
 
 from portable_loader.dataset.base import Dataset
 from portable_loader.dataset.iter.dataset import IterDataset
+from portable_loader.dataset.iter.opaque import OpaqueIter
 from portable_loader.errors import StateError
 from portable_loader.grain.experimental_ops.parts import GrainStyleIterator
 
-__all__ = ["InterleaveDatasetIterator", "InterleaveIterDataset"]
+__all__ = ["InterleaveDatasetIterator", "InterleaveIterDataset", "interleave_part"]
 
 _STATE_KEYS = ("next_index_in_cycle", "next_index_in_datasets", "iterators_in_use_indices", "iterators_in_use_states",
                "exhausted")
@@ -200,8 +202,8 @@ class InterleaveIterDataset(IterDataset):
         parts = tuple((ds.fingerprint() if hasattr(ds, "fingerprint") else repr(ds)) for ds in self._datasets)
         return ("interleave", self._cycle_length, parts)
 
-    def _make_part(self, children: list, n: int) -> "InterleavePart":
-        return InterleavePart(f"{n}.interleave", self.__iter__())
+    def _make_part(self, children: list, n: int):
+        return interleave_part(f"{n}.interleave", self.__iter__())
 
     def __str__(self) -> str:
         return f"InterleaveIterDataset([{len(self._datasets)} datasets], cycle_length={self._cycle_length})"
@@ -235,11 +237,10 @@ class InterleavePart:
         first = _make_iterator(iterator._datasets[0])
         state = first.get_state()
         first.close()
-        if not isinstance(state, dict) or not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0
-                                                  for v in state.values()):
+        if not _flat(state):
             raise TypeError("InterleaveIterDataset: its datasets' iterators have states that are not flat dicts of "
-                            f"integers ({state!r}), so it cannot be a position inside a pipeline (issue 48 item 2); "
-                            "iterate it on its own")
+                            f"integers ({state!r}), so they cannot be fields of a position; interleave_part runs "
+                            "it as an opaque step")
         return sorted(state)
 
     def next(self):
@@ -282,3 +283,31 @@ class InterleavePart:
 
     def close(self) -> None:
         self.iterator.close()
+
+
+def _flat(state) -> bool:
+    return isinstance(state, dict) and all(isinstance(v, int) and not isinstance(v, bool) and v >= 0
+                                           for v in state.values())
+
+
+def interleave_part(field: str, iterator: InterleaveDatasetIterator) -> InterleavePart | OpaqueIter:
+    """The part that runs an interleave inside a pipeline: integer fields (:class:`InterleavePart`) where
+    its first dataset's iterator has a flat integer state (files), else an opaque step: the iterator as
+    written, its Grain state nested under the pipeline state's ``steps`` (as Grain nests it).
+
+    Example:
+        >>> from portable_loader import grain
+        >>> it = InterleaveDatasetIterator([grain.MapDataset.range(2), grain.MapDataset.range(5, 6)], cycle_length=2)
+        >>> part = interleave_part("0.interleave", it)
+        >>> type(part).__name__, part.next(), sorted(part.fields()["0.interleave"])[:2]
+        ('OpaqueIter', 0, ['exhausted', 'future_states'])
+    """
+    datasets = iterator._datasets
+    if len(datasets):
+        first = _make_iterator(datasets[0])
+        state = first.get_state()
+        first.close()
+        if not _flat(state):
+            return OpaqueIter(field, iterator)
+    return InterleavePart(field, iterator)
+

@@ -28,8 +28,8 @@ from typing import Sequence
 from portable_loader.dataset.iter.dataset import IterDataset
 from portable_loader.errors import StateError
 from portable_loader.grain.experimental_ops.interleave import (InterleaveDatasetIterator, InterleaveIterDataset,
-                                                               InterleavePart)
-from portable_loader.grain.experimental_ops.parts import GrainStyleIterator, IteratorPart
+                                                               interleave_part)
+from portable_loader.grain.experimental_ops.parts import GrainStyleIterator, iterator_part
 
 __all__ = ["ParquetIterDataset"]
 
@@ -133,10 +133,10 @@ class ParquetIterDataset(IterDataset):
         files = tuple((os.fspath(p), os.path.getsize(p) if os.path.exists(p) else None) for p in self._paths)
         return ("parquet", type(self).__qualname__, files, sorted(self._read_kwargs))
 
-    def _make_part(self, children: list, n: int) -> IteratorPart | InterleavePart:
+    def _make_part(self, children: list, n: int):
         it = self.__iter__()
-        return InterleavePart(f"{n}.parquet", it) if isinstance(it, InterleaveDatasetIterator) else \
-            IteratorPart(f"{n}.parquet", it)
+        return interleave_part(f"{n}.parquet", it) if isinstance(it, InterleaveDatasetIterator) else \
+            iterator_part(f"{n}.parquet", it)
 
     def __str__(self) -> str:
         return f"ParquetIterDataset(paths={self._paths!r})"

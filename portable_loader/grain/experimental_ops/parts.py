@@ -5,6 +5,9 @@
 ``DatasetIterator``s (``isinstance`` and the checkpoint handler see it as one) but compiles no
 pipeline. :class:`IteratorPart` runs such an iterator inside a compiled pipeline where its state is
 a flat dict of non-negative integers: each key becomes a field of the pipeline's position state.
+Where it is anything else (a subclass's own state), :func:`iterator_part` runs the iterator as an
+opaque step (:mod:`portable_loader.dataset.iter.opaque`): as written, its state nested under
+``steps``, as Grain nests a step's state in its parent's.
 
 Example:
     >>> class Count(GrainStyleIterator):
@@ -27,19 +30,21 @@ Example:
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 
-from portable_loader.dataset.iter.iterator import DatasetIterator, _register_with_grain
-from portable_loader.dataset.iter.options import DatasetOptions, IteratorContext
+from portable_loader.dataset.iter.iterator import DatasetIterator
+from portable_loader.dataset.iter.opaque import OpaqueIter
 from portable_loader.errors import StateError
 
-__all__ = ["GrainStyleIterator", "IteratorPart"]
+__all__ = ["GrainStyleIterator", "IteratorPart", "iterator_part"]
 
 
 class GrainStyleIterator(DatasetIterator):
     """A ``DatasetIterator`` written as Grain's are: its own ``__next__``, ``get_state`` and ``set_state``.
 
-    ``parents`` (one iterator or a sequence of them, as in Grain) are closed with it.
+    Its ``__init__`` and ``close`` are ``DatasetIterator``'s as Grain's base class: ``parents`` (one
+    iterator, a sequence of them, or none) share one context and are closed with it. What it adds:
+    ``get_next_index`` refused with a ``ValueError`` (these steps have no element index).
 
     Example:
         >>> class Twice(GrainStyleIterator):
@@ -53,18 +58,9 @@ class GrainStyleIterator(DatasetIterator):
         >>> it = Twice(iter(grain.MapDataset.range(3).to_iter_dataset()))
         >>> list(it), isinstance(it, grain.DatasetIterator)
         ([0, 2, 4], True)
+        >>> it.close(); it.close(); it._parent._closed
+        True
     """
-
-    def __init__(self, parents=()):  # noqa: D107 (the parent class compiles a pipeline; this has none)
-        self._closed = False
-        self._parents = (parents,) if isinstance(parents, Iterator) else tuple(parents)
-        self._ctx = IteratorContext(DatasetOptions())
-        _register_with_grain()  # Grain's checkpoint handler then saves it as one of Grain's iterators
-
-    @property
-    def _parent(self):
-        (parent,) = self._parents
-        return parent
 
     def __next__(self):
         raise NotImplementedError
@@ -82,30 +78,13 @@ class GrainStyleIterator(DatasetIterator):
     def _set_next_index(self, index: int) -> None:
         self._get_next_index()
 
-    def close(self) -> None:
-        """Close the parents (safe to call twice).
-
-        Example:
-            >>> from portable_loader import grain
-            >>> it = GrainStyleIterator(iter(grain.MapDataset.range(3).to_iter_dataset()))
-            >>> it.close(); it.close(); it._parent._closed
-            True
-        """
-        if getattr(self, "_closed", True):
-            return
-        self._closed = True
-        for parent in self._parents:
-            close = getattr(parent, "close", None)
-            if close is not None:
-                close()
-
 
 class IteratorPart:
     """A running part of a compiled pipeline (``next``, ``fields``, ``restore``) over a Grain-style iterator.
 
     The iterator's state must be a flat dict of non-negative integers with fixed keys (a file
-    offset, a row group and a row): the keys, prefixed with ``field``, are the part's fields. An
-    iterator whose state is anything else is refused with a ``TypeError`` when the pipeline is built.
+    offset, a row group and a row): the keys, prefixed with ``field``, are the part's fields. For any
+    other iterator use :func:`iterator_part`, which runs it as an opaque step instead.
 
     Example:
         >>> class Bad(GrainStyleIterator):
@@ -114,7 +93,7 @@ class IteratorPart:
         >>> IteratorPart("0.bad", Bad())
         Traceback (most recent call last):
         ...
-        TypeError: Bad: its state {'name': 'x'} is not a flat dict of non-negative integers, so it cannot be a position inside a pipeline; iterate it on its own
+        TypeError: Bad: its state {'name': 'x'} is not a flat dict of non-negative integers, so it cannot be fields of a position; iterator_part runs it as an opaque step
     """
 
     def __init__(self, field: str, iterator):
@@ -122,7 +101,7 @@ class IteratorPart:
         state = iterator.get_state()
         if not isinstance(state, Mapping) or not all(_is_count(v) for v in state.values()):
             raise TypeError(f"{type(iterator).__name__}: its state {state!r} is not a flat dict of non-negative "
-                            "integers, so it cannot be a position inside a pipeline; iterate it on its own")
+                            "integers, so it cannot be fields of a position; iterator_part runs it as an opaque step")
         self.keys = sorted(state)
 
     def next(self):
@@ -151,3 +130,30 @@ class IteratorPart:
 
 def _is_count(value) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def iterator_part(field: str, iterator) -> IteratorPart | OpaqueIter:
+    """The part that runs ``iterator`` inside a pipeline: its integers as fields where its state is a
+    flat dict of them (:class:`IteratorPart`), else an opaque step whose state nests under ``steps``.
+
+    Example:
+        >>> class Named(GrainStyleIterator):
+        ...     def __init__(self):
+        ...         super().__init__()
+        ...         self.i = 0
+        ...     def __next__(self):
+        ...         self.i += 1
+        ...         return self.i
+        ...     def get_state(self):
+        ...         return {"name": "x", "i": self.i}
+        ...     def set_state(self, state):
+        ...         self.i = state["i"]
+        >>> part = iterator_part("0.named", Named())
+        >>> type(part).__name__, part.next(), part.fields()
+        ('OpaqueIter', 1, {'0.named': {'name': 'x', 'i': 1}})
+    """
+    state = iterator.get_state()
+    if isinstance(state, Mapping) and all(_is_count(v) for v in state.values()):
+        return IteratorPart(field, iterator)
+    return OpaqueIter(field, iterator)
+

@@ -14,8 +14,8 @@ refused with a :class:`~portable_loader.errors.StateError`; one that is not at a
 fails the next read's length checksum, which names the offset.
 
 Subclassing works as in Grain (MaxText subclasses it at import and overrides ``__iter__``, reading
-``self._path``); such a subclass's iterator runs inside a pipeline too when its state is a flat dict
-of integers (:class:`~portable_loader.grain.experimental_ops.parts.IteratorPart`).
+``self._path``); inside a pipeline such a subclass's iterator runs as written, as a user's step does
+(:mod:`portable_loader.dataset.iter.opaque`): its state, whatever it holds, nests under ``steps``.
 
 Example:
     >>> import os, struct, tempfile
@@ -39,7 +39,7 @@ from typing import Sequence
 from portable_loader.dataset.iter.dataset import IterDataset
 from portable_loader.errors import InputError, StateError
 from portable_loader.grain.experimental_ops.crc32c import masked_crc32c
-from portable_loader.grain.experimental_ops.parts import GrainStyleIterator, IteratorPart
+from portable_loader.grain.experimental_ops.parts import GrainStyleIterator, iterator_part
 
 __all__ = ["TFRecordIterDataset", "write_tfrecord"]
 
@@ -142,8 +142,8 @@ class TFRecordIterDataset(IterDataset):
         path = os.fspath(self._path)
         return ("tfrecord", type(self).__qualname__, path, os.path.getsize(path) if os.path.exists(path) else None)
 
-    def _make_part(self, children: list, n: int) -> IteratorPart:
-        return IteratorPart(f"{n}.tfrecord", self.__iter__())  # a subclass's own iterator, where it has one
+    def _make_part(self, children: list, n: int):
+        return iterator_part(f"{n}.tfrecord", self.__iter__())  # a subclass's own iterator, where it has one
 
     def __str__(self) -> str:
         return f"TFRecordIterDataset(path={self._path!r})"
