@@ -20,18 +20,28 @@ import time
 import numpy as np
 
 from portable_loader.cache import open_cache
+from portable_loader.command_line import Parser, add_verbose, int_at_least, user_error
+from portable_loader.errors import PortableLoaderError
 from portable_loader.loader import DataLoader
 from portable_loader.precache import build_cache, sample_args
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m portable_loader", description=__doc__.split("\n\n")[0])
+    p = Parser(prog="python -m portable_loader", description=__doc__.split("\n\n")[0])
     p.add_argument("--out", default="portable_loader_cache", help="parent directory of caches")
-    p.add_argument("--steps", type=int, default=400)
-    p.add_argument("--num-workers", type=int, default=2)
-    p.add_argument("--global-batch-size", type=int, default=8)
-    p.add_argument("--seq-len", type=int, default=256)
+    p.add_argument("--steps", type=int_at_least(2, " (half of them are resumed)"), default=400)
+    p.add_argument("--num-workers", type=int_at_least(0), default=2)
+    p.add_argument("--global-batch-size", type=int_at_least(1), default=8)
+    p.add_argument("--seq-len", type=int_at_least(1), default=256)
+    add_verbose(p)
     args = p.parse_args(argv)
+    try:
+        return _run(args)
+    except (PortableLoaderError, OSError) as e:  # an --out that cannot be written is the user's to fix too
+        return user_error(e, args.verbose)
+
+
+def _run(args: argparse.Namespace) -> int:
 
     path, s = build_cache(**sample_args(), out=args.out)
     print(f"cache: {path} ({s['rows_out']} records, {s['tokens']} tokens, {'hit' if s['hit'] else 'built'})")

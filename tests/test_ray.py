@@ -121,7 +121,7 @@ def test_an_address_that_does_not_answer_is_a_clear_error_within_seconds(inputs,
          "--ray-address", f"{LOOPBACK}:{free_port()}"],
         capture_output=True, text=True, timeout=120,
     )
-    assert r.returncode == 1 and "cannot reach the Ray cluster at '127.0.0.1:" in r.stderr, r.stderr
+    assert r.returncode == 2 and "cannot reach the Ray cluster at '127.0.0.1:" in r.stderr, r.stderr
     assert time.monotonic() - t < 60  # the connect timeout is 5 s; the rest is start-up on a loaded machine
     assert no_temp_left(tmp_path) and not [n for n in os.listdir(tmp_path) if n.startswith("chat-")]
 
