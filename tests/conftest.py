@@ -135,3 +135,23 @@ def steps(loader, n, state=None):
             except StopIteration:
                 break
         return out, it.get_state(), it.stats
+
+
+# A fork with JAX's threads running copies their locks mid-use; JAX warns, and a module marked with
+# NO_FORK fails instead (the warning comes from an at-fork hook, so it surfaces as an unraisable
+# exception). Its ``jax_running`` starts JAX's backend first, as the suite's earlier JAX tests have, so
+# the check holds whatever order the modules run in.
+NO_FORK = [
+    pytest.mark.filterwarnings("error:os.fork\\(\\) was called:RuntimeWarning",
+                               "error::pytest.PytestUnraisableExceptionWarning"),
+    pytest.mark.usefixtures("jax_running"),
+]
+
+
+@pytest.fixture(scope="module")
+def jax_running():
+    try:
+        import jax
+    except ImportError:  # no JAX installed: nothing to warn, and the module's own tests still run
+        return
+    jax.devices()
