@@ -17,6 +17,22 @@ GPT2 = DATA / "tokenizers" / "gpt2"
 SAMPLE = ROOT / "portable_loader" / "sample"
 
 
+def pytest_addoption(parser):
+    parser.addoption("--quick", action="store_true",
+                     help="the quick tier: every module's fast tests, leaving out those marked slow "
+                          "(scripts/test.sh --quick; the full suite still runs them)")
+
+
+def pytest_collection_modifyitems(config, items):
+    if not config.getoption("--quick"):
+        return
+    slow = [item for item in items if item.get_closest_marker("slow")]
+    if slow:
+        config.hook.pytest_deselected(items=slow)
+        left = set(map(id, slow))
+        items[:] = [item for item in items if id(item) not in left]
+
+
 @pytest.fixture(scope="session", autouse=True)
 def own_tokenizer_cache(tmp_path_factory):
     """The run's own kept tokenizers (pl.tokenized keeps the backends it loads): never the user's
