@@ -2,6 +2,12 @@
 
 from __future__ import annotations
 
+import functools
+import os
+
+#: Set to 1 to keep the internal traceback (a worker process's included) on the errors users see.
+DEBUG_VARIABLE = "PORTABLE_LOADER_DEBUG"
+
 
 class PortableLoaderError(ValueError):
     """Base class: a problem with the user's input, tokenizer, cache or state, never an internal bug."""
@@ -105,3 +111,31 @@ class WorkerError(RuntimeError):
         Traceback (most recent call last):
         portable_loader.errors.WorkerError: loader worker 0 (pid 4242) was terminated unexpectedly with exit code -9
     """
+
+
+def raised_here(function):
+    """Decorate a public function so a :class:`PortableLoaderError` from inside it is raised from the
+    caller's frame: the library's frames and a worker pool's ``RemoteTraceback`` are dropped, since
+    the message already names the file, row and field. ``PORTABLE_LOADER_DEBUG=1`` keeps them.
+
+    Example:
+        >>> @raised_here
+        ... def load(path):
+        ...     raise InputError(f"{path}: no rows")
+        >>> try:
+        ...     load("data.jsonl")
+        ... except InputError as e:
+        ...     print(e, e.__cause__, e.__traceback__.tb_next.tb_next)
+        data.jsonl: no rows None None
+    """
+
+    @functools.wraps(function)
+    def public(*args, **kwargs):
+        try:
+            return function(*args, **kwargs)
+        except PortableLoaderError as e:
+            if os.environ.get(DEBUG_VARIABLE):
+                raise
+            raise e.with_traceback(None) from None
+
+    return public

@@ -30,7 +30,8 @@ import threading
 import uuid
 import weakref
 
-__all__ = ["Closing", "close_at_exit", "close_all", "hook_last", "in_finalizer", "pid_alive", "private_path", "sweep_stale"]
+__all__ = ["Closing", "close_at_exit", "close_all", "hook_last", "in_finalizer", "join_thread", "pid_alive", "private_path",
+           "sweep_stale"]
 
 # Live closables and the order they were registered in: the exit hook closes the newest first, so an
 # adapter (registered after the iterator it creates) stops its thread before the iterator's workers.
@@ -38,6 +39,9 @@ _live: "weakref.WeakKeyDictionary[object, int]" = weakref.WeakKeyDictionary()
 _order = itertools.count()
 _lock = threading.Lock()
 _finalizing = threading.local()  # depth of close() calls from __del__ on this thread (in_finalizer)
+# Threads told to stop by a close() that could not wait for them (in_finalizer): the exit hook joins them.
+_unjoined: "weakref.WeakSet[threading.Thread]" = weakref.WeakSet()
+_EXIT_JOIN_S = 5.0  # a thread finishing the batch in hand
 
 
 class Closing:
@@ -93,6 +97,28 @@ def in_finalizer() -> bool:
     return getattr(_finalizing, "depth", 0) > 0
 
 
+def join_thread(thread: threading.Thread, timeout: float) -> None:
+    """Wait up to ``timeout`` s for ``thread``, already told to stop; from a finalizer, leave that to
+    the exit hook instead (see :func:`in_finalizer`).
+
+    A loader dropped without ``close()`` (a training function that returns) is closed by garbage
+    collection, which must not wait: its thread may then be finishing a batch inside native code (an
+    XLA transfer). Were it still there when the interpreter finalizes, the C++ runtime would unwind it
+    and abort the process (``terminate called ... FATAL: exception not rethrown``) after the script's
+    work is done. The exit hook joins it before JAX's exit handler and finalization.
+
+    Example:
+        >>> stop = threading.Event(); t = threading.Thread(target=stop.wait); t.start()
+        >>> stop.set(); join_thread(t, timeout=5); t.is_alive()
+        False
+    """
+    if in_finalizer():
+        with _lock:
+            _unjoined.add(thread)
+    else:
+        thread.join(timeout=timeout)
+
+
 def close_at_exit(obj) -> None:
     """Have ``obj.close()`` called at interpreter exit if ``obj`` is still alive then (weakly held).
 
@@ -131,7 +157,8 @@ def hook_last() -> None:
 
 
 def close_all() -> None:
-    """Close every registered object still alive, newest first; errors are ignored (we are exiting).
+    """Close every registered object still alive, newest first, then wait for the threads that closes
+    from garbage collection could not wait for (:func:`join_thread`); errors are ignored (we are exiting).
 
     Example:
         >>> close_all()   # what the exit hook does
@@ -143,6 +170,11 @@ def close_all() -> None:
             obj.close()
         except Exception:  # noqa: BLE001 - one loader failing to close must not keep the others open
             pass
+    with _lock:
+        threads, _ = list(_unjoined), _unjoined.clear()
+    for thread in threads:
+        if thread is not threading.current_thread():
+            thread.join(timeout=_EXIT_JOIN_S)
 
 
 # --- scratch files of one process -----------------------------------------------------------------

@@ -57,7 +57,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "scripts"))
 
 import benchlib  # noqa: E402
-from benchlib import machine  # noqa: E402
+from benchlib import load, machine  # noqa: E402
 
 import portable_loader as pl  # noqa: E402
 from portable_loader.precache import sample_args  # noqa: E402
@@ -293,7 +293,7 @@ def checks(data, rows) -> list[str]:
 
 
 def run_rounds(args, data) -> dict:
-    """{(row, workers): {contender: [(elements/s, seconds to the first element), one per round]}}."""
+    """{(row, workers): {contender: [(elements/s, seconds to the first element, load average), one per round]}}."""
     counts = {"a": args.steps, "b": args.ar_steps, "b2": args.ar_steps, "c": args.steps, "d": args.pack_steps}
     cells = [(row, w) for w in (0, 2) for row in ROWS if row in args.rows]
     samples = {cell: {lib: [] for lib in ROWS[cell[0]][4]} for cell in cells}
@@ -306,9 +306,9 @@ def run_rounds(args, data) -> dict:
                 timed = counts[row] * (args.ours_factor if lib == "ours" else 1)
                 warm = max(2, counts[row] // 10) + (WARM_WORKERS if w else 0)
                 first, rate = measure(build(row, lib, data, w), timed, per, warm)
-                samples[(row, w)][lib].append((rate, first))
-                print(f"round {rnd} ({row}) w={w} {lib:15s} {rate:12,.0f} /s, first element {first * 1e3:8.1f} ms",
-                      flush=True)
+                samples[(row, w)][lib].append((rate, first, load()))
+                print(f"round {rnd} ({row}) w={w} {lib:15s} {rate:12,.0f} /s, first element {first * 1e3:8.1f} ms "
+                      f"(load {samples[(row, w)][lib][-1][2]:.1f})", flush=True)
     return samples
 
 
@@ -336,6 +336,8 @@ def summarize(samples: dict) -> list[dict]:
             "grain_threads0_per_s": round(median(s["grain_threads0"], 0)) if s.get("grain_threads0") else None,
             "x_grain_threads0": round(statistics.median(x0), 3) if x0 else None,
             "rounds": len(grain),
+            "load_min": round(min(x[2] for x in grain + mine), 2),
+            "load_max": round(max(x[2] for x in grain + mine), 2),
             "note": "" if mine else "ours: not built yet",
         })
     return results
@@ -346,14 +348,15 @@ def report(results: list[dict]) -> None:
         return "-" if v is None else format(v, spec)
 
     print("\n| pipeline | workers | ours /s | Grain /s | ours / Grain, median (min-max) of rounds "
-          "| first element, ours / Grain (ms) | Grain num_threads=0 /s | ours / that |")
-    print("|---|---|---|---|---|---|---|---|")
+          "| first element, ours / Grain (ms) | Grain num_threads=0 /s | ours / that | load average (rounds) |")
+    print("|---|---|---|---|---|---|---|---|---|")
     for r in results:
         ours = "not built yet" if r["ours_per_s"] is None else f"{r['ours_per_s']:,}"
         spread = "" if r["x_grain"] is None else f" ({r['x_grain_min']:.2f}-{r['x_grain_max']:.2f})"
         print(f"| ({r['row']}) {r['pipeline']} | {r['workers']} | {ours} | {r['grain_per_s']:,} | "
               f"{fmt(r['x_grain'], '.2f')}{spread} | {fmt(r['ours_first_ms'], '.1f')} / {r['grain_first_ms']:.1f} | "
-              f"{fmt(r['grain_threads0_per_s'], ',')} | {fmt(r['x_grain_threads0'], '.2f')} |")
+              f"{fmt(r['grain_threads0_per_s'], ',')} | {fmt(r['x_grain_threads0'], '.2f')} | "
+              f"{r['load_min']:.1f}-{r['load_max']:.1f} |")
     below = [f"({r['row']}) w={r['workers']}" for r in results if r["x_grain"] is not None and r["x_grain"] < 1]
     missing = [f"({r['row']}) w={r['workers']}" for r in results if r["ours_per_s"] is None]
     print(f"\nrows where ours is slower than Grain: {', '.join(below) or 'none'}; "

@@ -29,7 +29,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from benchlib import add_output_args, best_of, grouped_svg, machine, write_table  # noqa: E402
+from benchlib import add_output_args, best_of, grouped_svg, load, machine, write_table  # noqa: E402
 
 
 def measure(lib, name: str, n: int, count: int, repeat: int) -> dict[str, float]:
@@ -76,9 +76,9 @@ def main() -> None:
         got = {name: measure(lib, name, n, count, args.repeat) for name, lib in (("ours", ours), ("grain", grain))}
         for what in got["ours"]:
             g = got["grain"].get(what, got["grain"]["sampler"])
-            rows.append([n, what, f"{got['ours'][what]:.2f}", f"{g:.2f}", f"{g / got['ours'][what]:.1f}"])
+            rows.append([n, what, f"{got['ours'][what]:.2f}", f"{g:.2f}", f"{g / got['ours'][what]:.1f}", f"{load():.1f}"])
             print(" | ".join(map(str, rows[-1])), flush=True)
-    write_table(args, ["N", "access", "ours us/element", "Grain us/element", "Grain / ours"], rows)
+    write_table(args, ["N", "access", "ours us/element", "Grain us/element", "Grain / ours", "load average"], rows)
     grouped_svg(args, "a shuffled index: microseconds per element (lower is better)",
                 [f"N={r[0]:,}\n{r[1]}" for r in rows],
                 {"ours": [float(r[2]) for r in rows], "Grain 0.2.18": [float(r[3]) for r in rows]},

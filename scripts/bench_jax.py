@@ -5,7 +5,8 @@
 Packed global batches of 64 x 2048 from the bundled sample go into global jax.Arrays sharded over
 all devices. The "step" is a fixed cost: ``--step sleep`` (stands for an accelerator step, which
 leaves the host free) or ``--step matmul`` (a jitted matmul loop, blocked on). Without prefetch a
-step costs load + step; with ``prefetch=2`` it should cost max(load, step).
+step costs load + step; with ``prefetch=2`` it should cost max(load, step). Start-up (seconds to the
+first batch) and the steady cost per step are reported apart, with the load average beside them.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ import jax.numpy as jnp
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from benchlib import add_output_args, grouped_svg, machine, write_table  # noqa: E402
+from benchlib import add_output_args, grouped_svg, load as load_average, machine, with_load, write_table  # noqa: E402
 
 import portable_loader as pl  # noqa: E402
 from portable_loader.adapters.jax import JaxLoader  # noqa: E402
@@ -43,16 +44,20 @@ def make_step(kind: str, ms: float):
     return lambda batch: mm(a, reps).block_until_ready()
 
 
-def per_step(loader, prefetch: int, step, steps: int) -> float:
+def per_step(loader, prefetch: int, step, steps: int) -> tuple[float, float]:
+    """(seconds to the first batch, steady seconds per step after 3 warm-up steps)."""
+    t = time.perf_counter()
     with JaxLoader(loader, prefetch=prefetch) as jl:
-        for _ in range(3):
+        next(jl)["input_ids"].block_until_ready()
+        first = time.perf_counter() - t
+        for _ in range(2):
             step(next(jl))
         t = time.perf_counter()
         for _ in range(steps):
             batch = next(jl)
             batch["input_ids"].block_until_ready()
             step(batch)
-        return (time.perf_counter() - t) / steps
+        return first, (time.perf_counter() - t) / steps
 
 
 def main() -> None:
@@ -66,12 +71,15 @@ def main() -> None:
     cache = pl.precache(**sample_args(), out=args.cache_dir)
     loader = pl.DataLoader(pl.open_cache(cache), global_batch_size=args.batch, seq_len=args.seq_len, seed=0,
                            packing=True, prefetch=0)
-    load = per_step(loader, 0, lambda b: None, args.steps)
+    first, load = per_step(loader, 0, lambda b: None, args.steps)
     print(f"machine: {machine()}; {len(jax.devices())} {jax.devices()[0].platform} devices; batches "
           f"{args.batch}x{args.seq_len} packed; step = {args.step}")
-    print(f"load into device arrays alone: {load * 1e3:.1f} ms per batch ({1 / load:,.0f} batches/s)\n")
-    print("| step cost | no prefetch ms/step | prefetch=2 ms/step | ideal max(step, load) | prefetch vs none |")
-    print("|---|---|---|---|---|")
+    print(with_load(f"start-up: first batch after {first:.3f} s", load_average()))
+    print(with_load(f"steady: load into device arrays alone: {load * 1e3:.1f} ms per batch ({1 / load:,.0f} batches/s)",
+                    load_average()) + "\n")
+    print("| step cost | no prefetch: first batch s, steady ms/step | prefetch=2: first batch s, steady ms/step | "
+          "ideal max(step, load) | prefetch vs none | load average |")
+    print("|---|---|---|---|---|---|")
     rows = []
     for ms in (0.5 * load * 1e3, load * 1e3, 2 * load * 1e3):
         step = make_step(args.step, ms)
@@ -79,16 +87,19 @@ def main() -> None:
         for _ in range(5):
             step(None)
         step_ms = (time.perf_counter() - t) / 5 * 1e3
-        none = per_step(loader, 0, step, args.steps) * 1e3
-        ahead = per_step(loader, 2, step, args.steps) * 1e3
-        print(f"| {step_ms:.1f} ms | {none:.1f} | {ahead:.1f} | {max(step_ms, load * 1e3):.1f} | {none / ahead:.2f}x |",
-              flush=True)
-        rows.append([jax.devices()[0].platform, args.step, step_ms, load * 1e3, none, ahead, max(step_ms, load * 1e3), none / ahead])
-    write_table(args, ["platform", "step_kind", "step_ms", "load_ms", "no_prefetch_ms_per_step", "prefetch2_ms_per_step",
-                       "ideal_ms_per_step", "speedup"], rows)
+        first_none, none = per_step(loader, 0, step, args.steps)
+        first_ahead, ahead = per_step(loader, 2, step, args.steps)
+        none, ahead, now = none * 1e3, ahead * 1e3, load_average()
+        print(f"| {step_ms:.1f} ms | {first_none:.3f}, {none:.1f} | {first_ahead:.3f}, {ahead:.1f} | "
+              f"{max(step_ms, load * 1e3):.1f} | {none / ahead:.2f}x | {now:.1f} |", flush=True)
+        rows.append([jax.devices()[0].platform, args.step, step_ms, load * 1e3, first_none, none, first_ahead, ahead,
+                     max(step_ms, load * 1e3), none / ahead, now])
+    write_table(args, ["platform", "step_kind", "step_ms", "load_ms", "no_prefetch_first_batch_s", "no_prefetch_ms_per_step",
+                       "prefetch2_first_batch_s", "prefetch2_ms_per_step", "ideal_ms_per_step", "speedup", "load_average"],
+                rows)
     grouped_svg(args, f"JaxLoader ms per step, {args.batch}x{args.seq_len} packed, step = {args.step}",
                 [f"step {r[2]:.0f} ms" for r in rows],
-                {"no prefetch": [r[4] for r in rows], "prefetch=2": [r[5] for r in rows], "ideal max(step, load)": [r[6] for r in rows]},
+                {"no prefetch": [r[5] for r in rows], "prefetch=2": [r[7] for r in rows], "ideal max(step, load)": [r[8] for r in rows]},
                 "ms per step (lower is better)")
 
 

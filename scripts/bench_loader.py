@@ -16,7 +16,9 @@ The loader reads ahead by itself (one ``spans`` call per 4,096 positions or pack
 Packed (records first-fit into rows of 2048): portable_loader on both backends against Grain's
 FirstFitPackIterDataset (8 bins) over MapDataset.source().shuffle() of the same ArrayRecord files.
 Every contender runs ``--steps`` batches in each of ``--rounds`` interleaved rounds (the machine may
-be shared); the table holds medians, so ratios compare runs of the same moment. Then: time to the
+be shared); the table holds medians, so ratios compare runs of the same moment. Start-up (a
+contender's first batch, once) is timed apart from those steady rates, and each round prints the
+load average. Then: time to the
 first batch after set_state at step 0 and at step 10**6, and RSS over an epoch. The built caches are
 kept under ``--work`` (keyed by ``--records``) and reused by the next run.
 """
@@ -36,7 +38,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DATA = os.path.join(os.path.dirname(ROOT), "shared", "data")
 sys.path.insert(0, os.path.join(ROOT, "scripts"))
 
-from benchlib import add_output_args, bar_svg, machine, write_table  # noqa: E402
+from benchlib import add_output_args, bar_svg, load, machine, write_table  # noqa: E402
 
 import portable_loader as pl  # noqa: E402
 from portable_loader.cache import FORMAT_VERSION, ShardWriter, write_manifest  # noqa: E402
@@ -107,15 +109,17 @@ def uncompressed_copy(src: str, dst: str) -> None:
 
 
 def forever(make):
-    """Batches from ``make()``, started again whenever one pass ends, after one warm-up batch."""
+    """Batches from ``make()``, started again whenever one pass ends, after one warm-up batch; and the
+    seconds that first batch took (start-up: opening, planning, a pipeline's threads), kept out of the rates."""
 
     def gen():
         while True:
             yield from make()
 
+    t = time.perf_counter()
     batches = gen()
     next(batches)
-    return batches
+    return batches, time.perf_counter() - t
 
 
 def timed(batches, steps: int, seconds: float) -> tuple[float, float]:
@@ -347,18 +351,24 @@ def main() -> None:
     os.makedirs(work, exist_ok=True)
     paths = build_caches(work, args.records, args.tokenizer)
     contenders = {**{(k, "padded"): v for k, v in PADDED.items()}, **{(k, "packed"): v for k, v in PACKED.items()}}
-    iters = {key: forever(lambda make=make: make(paths, work)) for key, make in contenders.items()}
+    started = {key: forever(lambda make=make: make(paths, work)) for key, make in contenders.items()}
+    iters, first = {k: v[0] for k, v in started.items()}, {k: v[1] for k, v in started.items()}
     runs: dict = {key: [] for key in contenders}
+    loads = []
     for r in range(args.rounds):
         for key, batches in iters.items():
             runs[key].append(timed(batches, args.steps, args.seconds))
-        print(f"round {r + 1}: " + ", ".join(f"{k[0].split(',')[0]} {runs[k][-1][0]:,.0f}" for k in runs), flush=True)
+        loads.append(load())
+        print(f"round {r + 1}: " + ", ".join(f"{k[0].split(',')[0]} {runs[k][-1][0]:,.0f}" for k in runs)
+              + f" (load {loads[-1]:.1f})", flush=True)
     med = {key: (float(np.median([x[0] for x in v])), float(np.median([x[1] for x in v]))) for key, v in runs.items()}
     ceiling = med[("(e) ceiling: numpy memmap gather", "padded")][0]
-    print("\n| mode | contender | batches/s | tokens/s | vs memmap ceiling |")
-    print("|---|---|---|---|---|")
+    print(f"\nfirst batch: seconds from making the contender to its first batch, once; the steady rates after "
+          f"it, medians of the rounds, under a load average of {min(loads):.1f}-{max(loads):.1f}")
+    print("| mode | contender | first batch (s) | steady batches/s | steady tokens/s | vs memmap ceiling |")
+    print("|---|---|---|---|---|---|")
     for (label, mode), (b, t) in med.items():
-        print(f"| {mode} | {label} | {b:,.0f} | {t / 1e6:.1f} M | {b / ceiling:.0%} |")
+        print(f"| {mode} | {label} | {first[(label, mode)]:.3f} | {b:,.0f} | {t / 1e6:.1f} M | {b / ceiling:.0%} |")
     def ratio(a: str, b: str) -> float:
         """Median over rounds of a/b in the same round: the load on a shared machine changes slowly."""
         (ka,), (kb,) = [[k for k in runs if k[0] == x] for x in (a, b)]
@@ -378,11 +388,14 @@ def main() -> None:
     print()
     for name, value in ratios.items():
         print(f"{name}: {value:.2f}x")
-    rows = [[mode, label, b, t, min(x[0] for x in runs[(label, mode)]), max(x[0] for x in runs[(label, mode)]),
-             args.records, args.rounds, args.steps] for (label, mode), (b, t) in med.items()]
-    rows += [["ratio", name, value, "", "", "", args.records, args.rounds, args.steps] for name, value in ratios.items()]
-    write_table(args, ["mode", "contender", "batches_per_s_median", "tokens_per_s_median", "batches_per_s_min",
-                       "batches_per_s_max", "records", "rounds", "steps_per_round"], rows)
+    rows = [[mode, label, first[(label, mode)], b, t, min(x[0] for x in runs[(label, mode)]),
+             max(x[0] for x in runs[(label, mode)]), args.records, args.rounds, args.steps, min(loads), max(loads)]
+            for (label, mode), (b, t) in med.items()]
+    rows += [["ratio", name, "", value, "", "", "", args.records, args.rounds, args.steps, min(loads), max(loads)]
+             for name, value in ratios.items()]
+    write_table(args, ["mode", "contender", "first_batch_s", "batches_per_s_median", "tokens_per_s_median",
+                       "batches_per_s_min", "batches_per_s_max", "records", "rounds", "steps_per_round", "load_min",
+                       "load_max"], rows)
     labels = [f"{label} [{mode}]" for label, mode in med]
     bar_svg(args, f"Shuffled {B}x{S} batches from {args.records:,} records, one process (median of {args.rounds} rounds)",
             labels, [m[0] for m in med.values()], "batches/s (log scale)",

@@ -30,7 +30,7 @@ import numpy as np
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "scripts"))
 
-from benchlib import add_output_args, bar_svg, machine, write_table  # noqa: E402
+from benchlib import add_output_args, bar_svg, load, machine, write_table  # noqa: E402
 
 import portable_loader as pl  # noqa: E402
 from portable_loader.cache import FORMAT_VERSION, ShardWriter, write_manifest  # noqa: E402
@@ -59,12 +59,15 @@ def build_cache(path: str, n: int, seed: int) -> str:
     return path
 
 
-def timed(batches, steps: int) -> float:
-    next(batches)  # warm-up: opens files, plans the first chunk
+def timed(batches, steps: int) -> tuple[float, float]:
+    """(seconds to the first batch: opening files, planning the first chunk; the steady batches/s after it)."""
+    t = time.perf_counter()
+    next(batches)
+    first = time.perf_counter() - t
     t = time.perf_counter()
     for _ in range(steps):
         next(batches)
-    return steps / (time.perf_counter() - t)
+    return first, steps / (time.perf_counter() - t)
 
 
 def ours(src, packing: bool = False):
@@ -97,10 +100,17 @@ def speed(paths: dict, many: dict, steps: int, rounds: int) -> dict:
         contenders["many", kind] = (f"(c) pl.mix, {MANY} caches, {kind}", lambda p=packing: ours(mixture_many, p))
     contenders["grain", "padded"] = ("(d) Grain MapDataset.mix, same three caches, padded", lambda: grain_mix(caches))
     per_round = {key: [] for key in contenders}
+    firsts = {key: [] for key in contenders}
+    loads = []
     for _ in range(rounds):  # interleaved rounds: a loaded machine slows the contenders of one round alike
         for key, (_, make) in contenders.items():
-            per_round[key].append(timed(make(), steps))
+            first, rate = timed(make(), steps)
+            firsts[key].append(first)
+            per_round[key].append(rate)
+        loads.append(load())
     best = {label: max(per_round[key]) for key, (label, _) in contenders.items()}
+    best["first"] = {label: float(np.median(firsts[key])) for key, (label, _) in contenders.items()}
+    best["loads"] = (min(loads), max(loads))
 
     def ratio(x, y, kind):  # per round, then the median
         return float(np.median(np.array(per_round[x, kind]) / np.array(per_round[y, kind])))
@@ -261,11 +271,14 @@ def main() -> None:
         paths = {n: build_cache(os.path.join(work, n), k, seed) for seed, (n, k) in enumerate(SIZES.items())}
         many = {n: build_cache(os.path.join(work, n), MANY_ROWS, 100 + k) for k, n in enumerate(MANY_WEIGHTS)}
         res = speed(paths, many, args.steps, args.rounds)
-        ratios = res.pop("ratios")
-        print(f"\n| contender | batches/s, best of {args.rounds} rounds (describe: steps/s) |\n|---|---|")
+        ratios, first, (low, high) = res.pop("ratios"), res.pop("first"), res.pop("loads")
+        print(f"\nload average over the rounds: {low:.1f}-{high:.1f}")
+        print(f"| contender | first batch (s), median | steady batches/s, best of {args.rounds} rounds (describe: steps/s) |"
+              "\n|---|---|---|")
         for label, v in res.items():
-            print(f"| {label} | {v:,.0f} |")
-        write_table(args, ["contender", "per_s"], [[label, float(v)] for label, v in res.items()])
+            print(f"| {label} | {f'{first[label]:.3f}' if label in first else '-'} | {v:,.0f} |")
+        write_table(args, ["contender", "first_batch_s", "per_s", "load_min", "load_max"],
+                    [[label, first.get(label, ""), float(v), low, high] for label, v in res.items()])
         bar_svg(args, "pl.mix against one source and Grain's MapDataset.mix (8 x 2048, padded and packed)", list(res),
                 [float(v) for v in res.values()], f"batches/s, best of {args.rounds} rounds (describe: steps/s)",
                 highlight=[label for label in res if "Grain" not in label])

@@ -262,12 +262,18 @@ class LitData(_TorchStyle):
 # --- measurements ---------------------------------------------------------------------------------
 
 
-def throughput(lib, steps: int, step_s: float = 0.0) -> tuple[float, float, float, float]:
-    """(batches/s, main-thread CPU µs per batch, mean measured step in s, real tokens per batch)."""
+def throughput(lib, steps: int, step_s: float = 0.0) -> tuple[float, float, float, float, float, float]:
+    """(steady batches/s, main-thread CPU µs per batch, mean measured step in s, real tokens per batch,
+    seconds from making the loader to its first batch, the load average): start-up and 49 more
+    warm-up batches are kept out of the rate."""
+    t = time.perf_counter()
     it = lib.make()
     slept = 0.0
     try:
-        tokens = np.mean([int(np.count_nonzero(np.asarray(next(it)["attention_mask"]))) for _ in range(50)])
+        first = next(it)
+        first_s = time.perf_counter() - t
+        tokens = np.mean([int(np.count_nonzero(np.asarray(b["attention_mask"])))
+                          for b in [first] + [next(it) for _ in range(49)]])
         gc.collect()
         t, c = time.perf_counter(), time.thread_time()
         for _ in range(steps):
@@ -279,7 +285,7 @@ def throughput(lib, steps: int, step_s: float = 0.0) -> tuple[float, float, floa
         wall, cpu = time.perf_counter() - t, time.thread_time() - c
     finally:
         lib.close(it)
-    return steps / wall, cpu / steps * 1e6, slept / steps, tokens
+    return steps / wall, cpu / steps * 1e6, slept / steps, tokens, first_s, benchlib.load()
 
 
 def as_numpy(batch) -> dict:
@@ -382,12 +388,13 @@ def main() -> None:
         order = list(enumerate(configs)) if rnd % 2 == 0 else list(enumerate(configs))[::-1]
         for i, (name, config, mode, workers, lib) in order:
             steps = args.worker_steps if workers else args.steps
-            bps, cpu, _, tokens = throughput(lib, steps)
-            samples[i].append((bps, cpu, tokens))
-            print(f"round {rnd} {name:16s} {config:19s} {mode} w={workers}: {bps:8.0f} batches/s, "
-                  f"main thread {cpu:6.1f} µs/batch, {tokens:6.0f} tokens/batch", flush=True)
+            bps, cpu, _, tokens, first, now = throughput(lib, steps)
+            samples[i].append((bps, cpu, tokens, first, now))
+            print(f"round {rnd} {name:16s} {config:19s} {mode} w={workers}: first batch {first:6.3f} s, then "
+                  f"{bps:8.0f} batches/s, main thread {cpu:6.1f} µs/batch, {tokens:6.0f} tokens/batch (load {now:.1f})",
+                  flush=True)
             if workers == 0:
-                sbps, scpu, step, _ = throughput(lib, max(100, steps // 10), args.step_ms / 1000)
+                sbps, scpu, step, *_ = throughput(lib, max(100, steps // 10), args.step_ms / 1000)
                 # Within 5% of 1 / max(step, collate) means collation is hidden under the step.
                 stepped[i].append((sbps, sbps * max(step, 1 / bps), scpu))
     rows = []
@@ -397,6 +404,9 @@ def main() -> None:
                      "batches_per_s": round(statistics.median(s[0] for s in samples[i])),
                      "main_cpu_us_per_batch": round(statistics.median(s[1] for s in samples[i]), 1),
                      "tokens_per_batch": round(statistics.median(s[2] for s in samples[i])),
+                     "first_batch_s": round(statistics.median(s[3] for s in samples[i]), 4),
+                     "load_min": round(min(s[4] for s in samples[i]), 2),
+                     "load_max": round(max(s[4] for s in samples[i]), 2),
                      "with_step_batches_per_s": round(statistics.median(x[0] for x in st), 1) if st else "",
                      "with_step_fraction_of_bound": round(statistics.median(x[1] for x in st), 3) if st else "",
                      "with_step_main_cpu_us_per_batch": round(statistics.median(x[2] for x in st), 1) if st else ""})

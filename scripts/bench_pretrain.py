@@ -241,9 +241,13 @@ class NanoGPT:
             yield get_batch()
 
 
-def throughput(lib, steps: int, warmup: int = 20) -> float:
+def throughput(lib, steps: int, warmup: int = 20) -> tuple[float, float]:
+    """(seconds from making the loader to its first batch, steady batches/s after ``warmup`` batches)."""
+    t = time.perf_counter()
     it = lib.make()
-    for _ in range(warmup):
+    next(it)
+    first = time.perf_counter() - t
+    for _ in range(warmup - 1):
         next(it)
     gc.collect()
     t = time.perf_counter()
@@ -251,7 +255,7 @@ def throughput(lib, steps: int, warmup: int = 20) -> float:
         next(it)
     bps = steps / (time.perf_counter() - t)
     it.close()
-    return bps
+    return first, bps
 
 
 # --- scale probes, each in a fresh process ----------------------------------------------------------
@@ -497,12 +501,17 @@ def main() -> None:
             keep = [w.strip().lower() for w in args.only.split(",")]
             configs = [c for c in configs if any(k in f"{c[0]} {c[1]}".lower() for k in keep)]
         samples = {i: [] for i in range(len(configs))}
+        firsts = {i: [] for i in range(len(configs))}
+        loads = []
         for rnd in range(args.rounds):
             order = list(enumerate(configs)) if rnd % 2 == 0 else list(enumerate(configs))[::-1]
             for i, (name, config, lib) in order:
-                bps = throughput(lib, args.steps)
+                first, bps = throughput(lib, args.steps)
                 samples[i].append(bps)
-                print(f"round {rnd} {name:28s} {config:20s} {bps:9.0f} batches/s", flush=True)
+                firsts[i].append(first)
+                loads.append(benchlib.load())
+                print(f"round {rnd} {name:28s} {config:20s} first batch {first:7.3f} s, then {bps:9.0f} batches/s "
+                      f"(load {loads[-1]:.1f})", flush=True)
         # Peers on the Megatron pair compare with ours on it; the others with ours on the flat file.
         ours = {c[1]: i for i, c in enumerate(configs) if c[0] == "portable_loader"}
         for i, (name, config, lib) in enumerate(configs):
@@ -511,17 +520,22 @@ def main() -> None:
                 statistics.median(a / b for a, b in zip(samples[ref], samples[i])), 3)
             speed.append({"part": "speed", "loader": name, "config": config, "tokens": args.tokens,
                           "batches_per_s": round(statistics.median(samples[i])),
-                          "tokens_per_s": round(statistics.median(samples[i]) * B * L), "x_ours": ratio})
+                          "tokens_per_s": round(statistics.median(samples[i]) * B * L), "x_ours": ratio,
+                          "first_batch_s": round(statistics.median(firsts[i]), 4),
+                          "load_min": round(min(loads), 2), "load_max": round(max(loads), 2)})
         if not args.work:
             shutil.rmtree(work, ignore_errors=True)
-        print(f"\n{'loader':28s} {'config':20s} {'batches/s':>10s} {'ours/x':>7s}")
+        print(f"\nsteady batches/s after 20 warm-up batches, first batch apart; load average {min(loads):.1f}-{max(loads):.1f}")
+        print(f"{'loader':28s} {'config':20s} {'first s':>8s} {'batches/s':>10s} {'ours/x':>7s}")
         for r in speed:
-            print(f"{r['loader']:28s} {r['config']:20s} {r['batches_per_s']:10,d} {r['x_ours']!s:>7s}")
+            print(f"{r['loader']:28s} {r['config']:20s} {r['first_batch_s']:8.3f} {r['batches_per_s']:10,d} "
+                  f"{r['x_ours']!s:>7s}")
     scale_rows = [] if args.skip_scale else scale(args)
     if scale_rows:
         print("\nRSS growth in MB from open to the first batch (heap = anonymous, file = mapped token/index pages),"
               " and after 100 batches; a warmed process (the code already used once on a tiny corpus)")
-        print("then batches/s over the next 99 batches (a sparse file: page faults bound every loader there)")
+        print("then batches/s over the next 99 batches (a sparse file: page faults bound every loader there); "
+              f"load average now {benchlib.load():.1f}")
         print(f"{'loader':26s} {'config':16s} {'tokens':>8s} {'first s':>8s} {'build s':>8s} {'RSS@1':>7s} "
               f"{'heap@1':>7s} {'RSS@100':>8s} {'heap@100':>8s} {'index B':>12s} {'state B':>8s} {'then b/s':>9s}")
         for r in scale_rows:
@@ -533,7 +547,7 @@ def main() -> None:
     header = ["part", "loader", "config", "tokens", "documents", "batches_per_s", "tokens_per_s", "x_ours",
               "first_batch_s", "next99_batches_per_s", "index_build_s", "first_rss_mb", "first_anon_mb", "first_file_mb", "step100_rss_mb",
               "step100_anon_mb", "step100_file_mb", "cold_rss_mb", "index_bytes", "state_bytes", "state_bytes_step100",
-              "samples"]
+              "samples", "load_min", "load_max"]
     benchlib.write_table(args, header, [[r.get(k, "") for k in header] for r in rows])
     plot(args, speed, scale_rows)
 

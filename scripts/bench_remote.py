@@ -28,7 +28,7 @@ import numpy as np
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "scripts"))
 
-from benchlib import _figure, add_output_args, machine, write_svg, write_table  # noqa: E402
+from benchlib import _figure, add_output_args, load, machine, write_svg, write_table  # noqa: E402
 
 import portable_loader as pl  # noqa: E402
 from portable_loader.cache import FORMAT_VERSION, ShardWriter, write_manifest  # noqa: E402
@@ -80,26 +80,33 @@ def start_s3():
     return server
 
 
-def timed(src, steps: int, **kw) -> float:
+def timed(src, steps: int, **kw) -> tuple[float, float]:
+    """(seconds to the first batch: opening files, planning the first chunk; the steady batches/s after it)."""
+    t = time.perf_counter()
     it = iter(pl.DataLoader(src, global_batch_size=B, seq_len=S, seed=0, prefetch=0, **kw))
     with it:
-        next(it)  # warm-up: opens files, plans the first chunk
+        next(it)
+        first = time.perf_counter() - t
         t = time.perf_counter()
         for _ in range(steps):
             next(it)
-        return steps / (time.perf_counter() - t)
+        return first, steps / (time.perf_counter() - t)
 
 
 def warm_speed(url: str, local: str, cache_dir: str, steps: int) -> dict:
     remote = pl.open_cache(url, cache_dir=cache_dir)
     remote.prefetch(np.arange(len(remote)))  # every shard local: what is left is the read path
     here = pl.open_cache(local)
-    rounds = {"local": [], "remote": []}
+    rounds, firsts = {"local": [], "remote": []}, {"local": [], "remote": []}
     for _ in range(ROUNDS):  # interleaved: a loaded machine slows both of one round alike
-        rounds["local"].append(timed(here, steps))
-        rounds["remote"].append(timed(remote, steps))
+        for name, src in (("local", here), ("remote", remote)):
+            first, rate = timed(src, steps)
+            firsts[name].append(first)
+            rounds[name].append(rate)
     ratio = float(np.median(np.array(rounds["remote"]) / np.array(rounds["local"])))
-    return {"local": max(rounds["local"]), "remote": max(rounds["remote"]), "ratio": ratio}
+    return {"local": max(rounds["local"]), "remote": max(rounds["remote"]), "ratio": ratio,
+            "first_local": float(np.median(firsts["local"])), "first_remote": float(np.median(firsts["remote"])),
+            "load": load()}
 
 
 def cold_bytes(url: str, limit: int, total: int, tmp: str) -> dict:
@@ -111,8 +118,11 @@ def cold_bytes(url: str, limit: int, total: int, tmp: str) -> dict:
         src = pl.open_cache(url, cache_dir=os.path.join(tmp, label.replace(" ", "_").replace("=", "")), cache_limit=limit)
         t = time.perf_counter()
         with iter(pl.DataLoader(src, global_batch_size=B, seq_len=S, seed=0, num_epochs=1, prefetch=0, **kw)) as it:
+            next(it)  # start-up: the first shards downloaded, timed apart from the epoch's steady rate
+            first, t = time.perf_counter() - t, time.perf_counter()
             steps = sum(1 for _ in it)
-        out[label] = (src.remote["bytes_downloaded"] / total, src.remote["fetches"], steps / (time.perf_counter() - t))
+        out[label] = (src.remote["bytes_downloaded"] / total, src.remote["fetches"], steps / (time.perf_counter() - t),
+                      first, load())
     return out
 
 
@@ -150,14 +160,21 @@ def main() -> None:
             total, limit = sum(sizes), 3 * max(sizes)
             print(f"cache: {args.shards} shards x {args.rows} records, {total / 1e6:.1f} MB; cache_limit {limit / 1e6:.2f} MB")
             warm = warm_speed(url, local, os.path.join(tmp, "warm"), args.steps)
-            print(f"warm remote {warm['remote']:.0f} batches/s, local {warm['local']:.0f}: ratio {warm['ratio']:.2f} (median of {ROUNDS} rounds)")
+            print(f"warm: first batch remote {warm['first_remote']:.3f} s, local {warm['first_local']:.3f} s; steady remote "
+                  f"{warm['remote']:.0f} batches/s, local {warm['local']:.0f}: ratio {warm['ratio']:.2f} (median of {ROUNDS} "
+                  f"rounds; load {warm['load']:.1f})")
             rows += [["warm batches/s", "local cache", warm["local"]], ["warm batches/s", "remote cache, shards local", warm["remote"]],
-                     ["warm ratio remote/local", "median of rounds", warm["ratio"]]]
+                     ["warm ratio remote/local", "median of rounds", warm["ratio"]],
+                     ["warm first batch s", "local cache", warm["first_local"]],
+                     ["warm first batch s", "remote cache, shards local", warm["first_remote"]],
+                     ["load average", "warm", warm["load"]]]
             cold = cold_bytes(url, limit, total, tmp)
-            for label, (ratio, fetches, per_s) in cold.items():
-                print(f"cold epoch, {label}: {ratio:.2f}x the cache's bytes ({fetches} shard fetches), {per_s:.0f} batches/s")
+            for label, (ratio, fetches, per_s, first, now) in cold.items():
+                print(f"cold epoch, {label}: {ratio:.2f}x the cache's bytes ({fetches} shard fetches), first batch "
+                      f"{first:.3f} s, then {per_s:.0f} batches/s (load {now:.1f})")
                 rows += [["cold epoch bytes / cache bytes", label, ratio], ["cold epoch shard fetches", label, fetches],
-                         ["cold epoch batches/s", label, per_s]]
+                         ["cold epoch batches/s", label, per_s], ["cold epoch first batch s", label, first],
+                         ["load average", f"cold, {label}", now]]
     finally:
         server.stop()
     qual = quality()

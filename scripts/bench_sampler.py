@@ -21,7 +21,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from benchlib import add_output_args, best_of, grouped_svg, machine, write_table  # noqa: E402
+from benchlib import add_output_args, best_of, grouped_svg, load, machine, write_table  # noqa: E402
 
 from portable_loader import LCGSampler  # noqa: E402
 
@@ -83,18 +83,19 @@ def main() -> None:
         ours, ours_mem = bench_ours(n, args.batch, args.repeat)
         grain = bench_grain(n, args.grain_calls)
         perm = bench_permutation(n) if n <= args.perm_max else None
-        rows.append((n, ours, ours_mem, grain, perm))
+        now = load()
+        rows.append((n, ours, ours_mem, grain, perm, now))
         perm_txt = f"build {perm[0]:.2f} s, {perm[1] / 2**20:.0f} MiB" if perm else "skipped (too big)"
         print(
             f"N={n:>13,}  LCGSampler {ours / 1e6:8.1f} M lookups/s (extra peak {ours_mem / 2**20:.1f} MiB)"
             f"  grain index_shuffle {grain / 1e6:6.3f} M/s  ratio {ours / grain:6.0f}x"
-            f"  numpy.permutation {perm_txt}",
+            f"  numpy.permutation {perm_txt}  (load {now:.1f})",
             flush=True,
         )
     write_table(args, ["n", "lcg_lookups_per_s", "lcg_extra_peak_bytes", "grain_index_shuffle_lookups_per_s", "ratio",
-                       "numpy_permutation_build_s", "numpy_permutation_bytes"],
-                [[n, ours, ours_mem, grain, ours / grain, perm[0] if perm else "", perm[1] if perm else ""]
-                 for n, ours, ours_mem, grain, perm in rows])
+                       "numpy_permutation_build_s", "numpy_permutation_bytes", "load_average"],
+                [[n, ours, ours_mem, grain, ours / grain, perm[0] if perm else "", perm[1] if perm else "", now]
+                 for n, ours, ours_mem, grain, perm, now in rows])
     grouped_svg(args, "Shuffled-index lookups per second", [f"N = {n:.0e}" for n, *_ in rows],
                 {"LCGSampler (vectorized)": [r[1] for r in rows], "Grain index_shuffle (per call)": [r[3] for r in rows]},
                 "lookups/s (log scale)", log=True)
@@ -102,7 +103,7 @@ def main() -> None:
         print()
         print("| N | LCGSampler lookups/s | extra memory | Grain index_shuffle lookups/s | ratio | numpy.permutation |")
         print("|---|---|---|---|---|---|")
-        for n, ours, ours_mem, grain, perm in rows:
+        for n, ours, ours_mem, grain, perm, _ in rows:
             perm_txt = f"{perm[0]:.2f} s build, {perm[1] / 2**20:,.0f} MiB" if perm else f"skipped ({8 * n / 2**30:.1f} GiB)"
             print(
                 f"| {n:.0e} | {ours / 1e6:.1f} M | {ours_mem / 2**20:.1f} MiB | {grain / 1e6:.2f} M "

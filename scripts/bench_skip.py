@@ -1,9 +1,11 @@
 """The cost of skipping 10^5 batches (docs/loader.md, "Skipping batches"): padded and packed, over the
-bundled sample cache, 8 x 256; a range in ``skip_batches`` and ``it.skip`` on a live iterator.
+bundled sample cache, 8 x 256; a range in ``skip_batches`` and ``it.skip`` on a live iterator. Each
+figure is a latency after the loader has started (its start-up is not in it), with the load average.
 
     .venv/bin/python scripts/bench_skip.py
 """
 
+import os
 import tempfile
 import time
 
@@ -27,4 +29,4 @@ for packing in (False, True):
         next(it)
         live = time.perf_counter() - t
     print(f"{'packed' if packing else 'padded'}: first batch after a 10^5-batch skip: "
-          f"skip_batches {ranged * 1e3:.1f} ms, it.skip {live * 1e3:.1f} ms")
+          f"skip_batches {ranged * 1e3:.1f} ms, it.skip {live * 1e3:.1f} ms (load {os.getloadavg()[0]:.1f})")

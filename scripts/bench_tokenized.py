@@ -20,9 +20,11 @@ text rows (the c4 demo rows repeated, each with its number appended),
   once as the contender uses cores, their tokens/s summed; measured right before each contender;
   the same processes then time ``encode_batch_fast`` (no character offsets: what ``pl.tokenized``
   calls for the ``text`` format, whose loss mask needs none), a second, stricter reference;
-* ``pl.tokenized`` + ``DataLoader(packing=True)``, 8x2048 batches, for each ``--workers``: seconds
-  from ``pl.tokenized(...)`` to the first batch, real tokens/s over one epoch (from the first
-  ``next``, so every window's tokenization counts), and the main process's peak RSS;
+* ``pl.tokenized`` + ``DataLoader(packing=True)``, 8x2048 batches, for each ``--workers``: start-up
+  (seconds from ``pl.tokenized(...)`` to the first batch) and, apart, the steady rate: real tokens/s
+  over the rest of the epoch (every later window's tokenization counts; the first batch's start-up
+  does not, which on a 4 s epoch of short records would cost a fifth of the rate), and the main
+  process's peak RSS;
 * the same, padded (one record per row, cut to 2048);
 * packed with the most workers over the same rows gzipped (``.jsonl.gz``: no seeking);
 * ``datasets``: ``load_dataset("json", streaming=True).map(tokenize, batched=True)`` and a greedy
@@ -58,7 +60,7 @@ import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "scripts"))
-from benchlib import add_output_args, bar_svg, machine, write_table  # noqa: E402
+from benchlib import add_output_args, bar_svg, load, machine, timed_stream, with_load, write_table  # noqa: E402
 DATA = os.environ.get("PORTABLE_LOADER_DATA", os.path.join(os.path.dirname(ROOT), "shared", "data"))
 BATCH, SEQ = 8, 2048
 
@@ -107,7 +109,8 @@ def one_tokenizer(data: str, tokenizer: str) -> dict:
     t = time.perf_counter()
     fast = sum(len(e.ids) for e in tok.encode_batch_fast(texts))
     return {"name": "tokenizers encode_batch (1 thread)", "tokens_per_s": tokens / seconds,
-            "tokens_per_cpu_s": tokens / cpu, "cpu_us_per_record": cpu / len(texts) * 1e6, "tokens": tokens, "fast_tokens_per_s": fast / (time.perf_counter() - t)}
+            "tokens_per_cpu_s": tokens / cpu, "cpu_us_per_record": cpu / len(texts) * 1e6, "tokens": tokens,
+            "fast_tokens_per_s": fast / (time.perf_counter() - t), "load": load()}
 
 
 def cpu_seconds() -> float:
@@ -135,23 +138,22 @@ def one_loader(data: str, tokenizer: str, workers: int, packing: bool = True, fi
     t_dataset = time.perf_counter() - t0
     loader = pl.DataLoader(ds, global_batch_size=BATCH, seq_len=SEQ, packing=packing, num_workers=workers, seed=0, num_epochs=1)
     with iter(loader) as it:
-        t_ready, cpu = time.perf_counter(), cpu_seconds()
-        first = next(it)
-        t_first = time.perf_counter() - t0
+        cpu = cpu_seconds()
         if first_only:
-            return {"first_batch_s": t_first, "dataset_s": t_dataset,
+            first = next(it)
+            return {"first_batch_s": time.perf_counter() - t0, "dataset_s": t_dataset, "load": load(),
                     "transformers_imported": "transformers" in sys.modules}
-        tokens = real_tokens(first)
-        for batch in it:  # the whole epoch: every packing window tokenized
-            tokens += real_tokens(batch)
-        seconds = time.perf_counter() - t_ready
-    cpu = cpu_seconds() - cpu  # the workers' too: they ended with the with block
-    assert first["input_ids"].shape == (BATCH, SEQ)
+        # The rest of the epoch (every packing window tokenized), timed from the first batch on: the
+        # first carries the start-up (workers, the first window), which a short epoch's rate would mix in.
+        run = timed_stream(it, real_tokens, start=t0)
+    cpu = cpu_seconds() - cpu  # the workers' too, start-up included: they ended with the with block
+    tokens = real_tokens(run["first"]) + run["steady_units"]
+    assert run["first"]["input_ids"].shape == (BATCH, SEQ)
     return {
         "name": f"pl.tokenized, {'packed' if packing else 'padded'}, num_workers={workers}", "workers": workers,
-        "first_batch_s": t_first, "tokens_per_s": tokens / seconds, "tokens_per_cpu_s": tokens / cpu,
-        "cpu_us_per_record": cpu / len(ds) * 1e6, "main_rss_mib": peak_rss_mib(),
-        "cores": max(workers, 1),
+        "first_batch_s": run["first_s"], "first_load": run["first_load"], "tokens_per_s": run["steady_per_s"],
+        "load": run["steady_load"], "tokens_per_cpu_s": tokens / cpu, "cpu_us_per_record": cpu / len(ds) * 1e6,
+        "main_rss_mib": peak_rss_mib(), "cores": max(workers, 1),
     }
 
 
@@ -184,14 +186,12 @@ def one_datasets(data: str, tokenizer: str) -> dict:
                     rows = []
             row += ids
 
-    t_ready, cpu = time.perf_counter(), cpu_seconds()
-    it = batches()
-    tokens = real_tokens(next(it))
-    t_first = time.perf_counter() - t0
-    tokens += sum(real_tokens(b) for b in it)
-    return {"name": "datasets streaming .map + packing collator", "workers": 0, "first_batch_s": t_first,
-            "tokens_per_s": tokens / (time.perf_counter() - t_ready), "tokens_per_cpu_s": tokens / (cpu_seconds() - cpu),
-            "cpu_us_per_record": float("nan"),
+    cpu = cpu_seconds()
+    run = timed_stream(batches(), real_tokens, start=t0)
+    tokens = real_tokens(run["first"]) + run["steady_units"]
+    return {"name": "datasets streaming .map + packing collator", "workers": 0, "first_batch_s": run["first_s"],
+            "first_load": run["first_load"], "tokens_per_s": run["steady_per_s"], "load": run["steady_load"],
+            "tokens_per_cpu_s": tokens / (cpu_seconds() - cpu), "cpu_us_per_record": float("nan"),
             "main_rss_mib": peak_rss_mib(), "cores": 1}
 
 
@@ -213,7 +213,8 @@ def tokenizer_rate(args, procs: int) -> dict:
     return {"tokens_per_s": sum(o["tokens_per_s"] for o in outs),
             "fast_tokens_per_s": sum(o["fast_tokens_per_s"] for o in outs),
             "tokens_per_cpu_s": sum(o["tokens_per_cpu_s"] for o in outs) / procs,
-            "cpu_us_per_record": sum(o["cpu_us_per_record"] for o in outs) / procs}
+            "cpu_us_per_record": sum(o["cpu_us_per_record"] for o in outs) / procs,
+            "load": max(o["load"] for o in outs)}
 
 
 def first_batches(args) -> None:
@@ -238,13 +239,15 @@ def first_batches(args) -> None:
                 got[(mode, w, kept)].append(json.loads(out.strip().splitlines()[-1]))
     print(f"input: {args.input}; rows: {args.rows}; tokenizer: {os.path.basename(args.tokenizer)}; {BATCH}x{SEQ} batches; "
           f"cpus: {cores()}; median of {args.rounds} rounds; load average now: {os.getloadavg()[0]:.1f}\n")
-    print("| loader | tokenizer | first batch (s) | of which pl.tokenized(...) (s) | rounds (s) | transformers imported |")
-    print("|---|---|---:|---:|---|---|")
+    print("| loader | tokenizer | first batch (s) | of which pl.tokenized(...) (s) | rounds (s) | load average "
+          "(rounds) | transformers imported |")
+    print("|---|---|---:|---:|---|---|---|")
     for (mode, w, kept), rs in got.items():
-        firsts = [x["first_batch_s"] for x in rs]
+        firsts, loads = [x["first_batch_s"] for x in rs], [x["load"] for x in rs]
         print(f"| pl.tokenized, {mode}, num_workers={w} | {'kept by an earlier run' if kept else 'first run'} | "
               f"{statistics.median(firsts):.2f} | {statistics.median(x['dataset_s'] for x in rs):.2f} | "
-              f"{', '.join(f'{x:.2f}' for x in firsts)} | {any(x['transformers_imported'] for x in rs)} |")
+              f"{', '.join(f'{x:.2f}' for x in firsts)} | {', '.join(f'{x:.1f}' for x in loads)} | "
+              f"{any(x['transformers_imported'] for x in rs)} |")
 
 
 def main() -> None:
@@ -303,7 +306,7 @@ def main() -> None:
                 r = run_one(args, *extra)
                 if data.endswith(".gz"):
                     r["name"] += ", .jsonl.gz input"
-                r.update(rate_cores=own["tokens_per_s"], rate_cpu=own["tokens_per_cpu_s"],
+                r.update(rate_cores=own["tokens_per_s"], rate_cpu=own["tokens_per_cpu_s"], rate_load=own["load"],
                          tokenizer_cpu_us_per_record=own["cpu_us_per_record"])
                 r["ratio"] = r["tokens_per_s"] / r["rate_cores"]
                 r["ratio_cpu"] = r["tokens_per_cpu_s"] / r["rate_cpu"]
@@ -313,19 +316,24 @@ def main() -> None:
     peer = results[-1]["tokens_per_s"] if args.only == "all" else float("nan")
     print(f"input: {args.input}; rows: {args.rows}; tokenizer: {os.path.basename(args.tokenizer)}; {BATCH}x{SEQ} batches; cpus: {cores()}; "
           f"median of {args.rounds} rounds; load average now: {os.getloadavg()[0]:.1f}\n")
-    print("| loader | first batch (s) | tokens/s | tokenizer tokens/s on the cores used | cores used | "
+    print("| loader | first batch (s) | steady tokens/s | tokenizer tokens/s on the cores used | cores used | "
           "x (tokenizer x cores used) | x per CPU-second | x (encode_batch_fast x cores used) | / datasets | "
           "main RSS (MiB) | CPU us / record (loader, all processes) | CPU us / record (encode_batch) |")
     print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for r in results:
-        print(f"| {r['name']} | {r['first_batch_s']:.2f} | {r['tokens_per_s']:,.0f} | {r['rate_cores']:,.0f} | "
+        first = with_load(f"{r['first_batch_s']:.2f}", r["first_load"])
+        steady = with_load(f"{r['tokens_per_s']:,.0f}", r["load"])
+        own = with_load(f"{r['rate_cores']:,.0f}", r["rate_load"])
+        print(f"| {r['name']} | {first} | {steady} | {own} | "
               f"{r['cores']} | {r['ratio']:.2f} | {r['ratio_cpu']:.2f} | {r['ratio_fast']:.2f} | "
               f"{r['tokens_per_s'] / peer:.2f} | {r['main_rss_mib']:.0f} | {r['cpu_us_per_record']:.1f} | "
               f"{r['tokenizer_cpu_us_per_record']:.1f} |")
-    header = ["loader", "first_batch_s", "tokens_per_s", "tokenizer_tokens_per_s_on_cores_used", "cores_used",
+    header = ["loader", "first_batch_s", "first_batch_load", "steady_tokens_per_s", "steady_load",
+              "tokenizer_tokens_per_s_on_cores_used", "tokenizer_load", "cores_used",
               "x_tokenizer_cores_used", "x_per_cpu_second", "x_encode_batch_fast_cores_used", "x_datasets",
               "main_rss_mib", "cpu_us_per_record", "encode_batch_cpu_us_per_record"]
-    write_table(args, header, [[r["name"], r["first_batch_s"], r["tokens_per_s"], r["rate_cores"], r["cores"],
+    write_table(args, header, [[r["name"], r["first_batch_s"], r["first_load"], r["tokens_per_s"], r["load"],
+                                r["rate_cores"], r["rate_load"], r["cores"],
                                 r["ratio"], r["ratio_cpu"], r["ratio_fast"], r["tokens_per_s"] / peer,
                                 r["main_rss_mib"], r["cpu_us_per_record"], r["tokenizer_cpu_us_per_record"]]
                                for r in results])

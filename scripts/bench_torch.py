@@ -7,7 +7,8 @@ planning, fetching and collating per batch on these cores). The "training step" 
 that releases the GIL, as real steps do: ``--step sleep`` waits, ``--step matmul`` runs torch matmuls
 (on the device). Serial, a step costs step + collate; with async collation it should cost
 max(step, collate). On CUDA the async path also moves the host-to-device copy (pinned memory, side
-stream) under the step.
+stream) under the step. Start-up (seconds to the first batch) and the steady cost per step are
+reported apart, with the load average beside them.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from benchlib import add_output_args, grouped_svg, machine, write_table  # noqa: E402
+from benchlib import add_output_args, grouped_svg, load, machine, with_load, write_table  # noqa: E402
 
 import portable_loader as pl  # noqa: E402
 from portable_loader.adapters.torch import TorchLoader  # noqa: E402
@@ -50,9 +51,14 @@ def make_step(kind: str, ms: float, device: torch.device):
     return step
 
 
-def per_step(loader, device, async_collation, step, steps) -> float:
+def per_step(loader, device, async_collation, step, steps) -> tuple[float, float]:
+    """(seconds to the first batch, steady seconds per step after 3 warm-up steps)."""
+    t = time.perf_counter()
     with TorchLoader(loader, device=device, async_collation=async_collation) as tl:
-        for _ in range(3):  # warm-up: first window planned, thread started
+        next(tl)
+        first = time.perf_counter() - t
+        step()
+        for _ in range(2):  # warm-up: first window planned, thread started
             next(tl)
             step()
         t = time.perf_counter()
@@ -61,7 +67,7 @@ def per_step(loader, device, async_collation, step, steps) -> float:
             if device.type == "cuda":
                 batch["input_ids"].sum().item()  # the step really uses the batch
             step()
-        return (time.perf_counter() - t) / steps
+        return first, (time.perf_counter() - t) / steps
 
 
 def main() -> None:
@@ -81,11 +87,13 @@ def main() -> None:
     cache = pl.precache(**sample_args(), out=args.cache_dir)
     loader = pl.DataLoader(pl.open_cache(cache), global_batch_size=args.batch, seq_len=args.seq_len, seed=0,
                            packing=True, prefetch=0)
-    collate = per_step(loader, device, False, lambda: None, args.steps)
+    first, collate = per_step(loader, device, False, lambda: None, args.steps)
     print(f"machine: {machine()}; device {device}; batches {args.batch}x{args.seq_len} packed; step = {args.step}")
-    print(f"collate alone (serial, no step): {collate * 1e3:.1f} ms per batch\n")
-    print("| step cost | serial ms/step | async ms/step | ideal max(step, collate) | async vs serial |")
-    print("|---|---|---|---|---|")
+    print(with_load(f"start-up: first batch after {first:.3f} s", load()))
+    print(with_load(f"steady: collate alone (serial, no step): {collate * 1e3:.1f} ms per batch", load()) + "\n")
+    print("| step cost | serial: first batch s, steady ms/step | async: first batch s, steady ms/step | "
+          "ideal max(step, collate) | async vs serial | load average |")
+    print("|---|---|---|---|---|---|")
     rows = []
     for ms in (0.5 * collate * 1e3, collate * 1e3, 2 * collate * 1e3):
         step = make_step(args.step, ms, device)
@@ -93,16 +101,18 @@ def main() -> None:
         for _ in range(5):
             step()
         step_ms = (time.perf_counter() - t0) / 5 * 1e3
-        serial = per_step(loader, device, False, step, args.steps) * 1e3
-        overlapped = per_step(loader, device, True, step, args.steps) * 1e3
-        ideal = max(step_ms, collate * 1e3)
-        print(f"| {step_ms:.1f} ms | {serial:.1f} | {overlapped:.1f} | {ideal:.1f} | {serial / overlapped:.2f}x faster |", flush=True)
-        rows.append([device.type, args.step, step_ms, collate * 1e3, serial, overlapped, ideal, serial / overlapped])
-    write_table(args, ["device", "step_kind", "step_ms", "collate_ms", "serial_ms_per_step", "async_ms_per_step",
-                       "ideal_ms_per_step", "speedup"], rows)
+        first_serial, serial = per_step(loader, device, False, step, args.steps)
+        first_async, overlapped = per_step(loader, device, True, step, args.steps)
+        serial, overlapped, ideal, now = serial * 1e3, overlapped * 1e3, max(step_ms, collate * 1e3), load()
+        print(f"| {step_ms:.1f} ms | {first_serial:.3f}, {serial:.1f} | {first_async:.3f}, {overlapped:.1f} | {ideal:.1f} | "
+              f"{serial / overlapped:.2f}x faster | {now:.1f} |", flush=True)
+        rows.append([device.type, args.step, step_ms, collate * 1e3, first_serial, serial, first_async, overlapped, ideal,
+                     serial / overlapped, now])
+    write_table(args, ["device", "step_kind", "step_ms", "collate_ms", "serial_first_batch_s", "serial_ms_per_step",
+                       "async_first_batch_s", "async_ms_per_step", "ideal_ms_per_step", "speedup", "load_average"], rows)
     grouped_svg(args, f"TorchLoader ms per step, {args.batch}x{args.seq_len} packed, step = {args.step} ({device.type})",
                 [f"step {r[2]:.0f} ms" for r in rows],
-                {"serial": [r[4] for r in rows], "async collation": [r[5] for r in rows], "ideal max(step, collate)": [r[6] for r in rows]},
+                {"serial": [r[5] for r in rows], "async collation": [r[7] for r in rows], "ideal max(step, collate)": [r[8] for r in rows]},
                 "ms per step (lower is better)")
 
 

@@ -43,7 +43,7 @@ import time
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from benchlib import add_output_args, machine, write_table  # noqa: E402
+from benchlib import add_output_args, load, machine, write_table  # noqa: E402
 
 DATA = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "..", "shared", "data")
 DATA = os.environ.get("PORTABLE_LOADER_DATA", DATA)
@@ -143,7 +143,9 @@ def _worker_pids(it):
 
 
 def _timed(it, steps, tokens_per, pids, step_s=0.0):
-    first = next(it)  # start-up is not timed
+    t = time.perf_counter()
+    first = next(it)  # start-up (workers starting, the first window): reported apart, not in the rates
+    first_s = time.perf_counter() - t
     workers = pids()
     # Our loaders count real tokens where the batch is built (it.stats): counting them here would
     # add the benchmark's own per-byte work to the main process's CPU.
@@ -160,7 +162,7 @@ def _timed(it, steps, tokens_per, pids, step_s=0.0):
         close()
     del first
     return {"per_s": steps / wall, "tokens_per_s": tokens / wall, "main_cpu_ms": 1e3 * cpu / steps,
-            "workers_cpu_ms": 1e3 * wcpu / steps}
+            "workers_cpu_ms": 1e3 * wcpu / steps, "first_s": first_s, "load": load()}
 
 
 def run_torch(path, workers, steps, step_s=0.0):
@@ -235,19 +237,22 @@ def main():
                     else:
                         res = run_ours(kind, path, w, steps, step_s)
                     runs[(kind, w)].append(res)
-                    print(f"round {r} {kind} {w} workers: {res['per_s']:.1f} batches/s, main {res['main_cpu_ms']:.2f} ms "
-                          f"CPU a batch, workers {res['workers_cpu_ms']:.2f}", flush=True)
+                    print(f"round {r} {kind} {w} workers: first batch {res['first_s']:.3f} s, then {res['per_s']:.1f} "
+                          f"batches/s, main {res['main_cpu_ms']:.2f} ms CPU a batch, workers {res['workers_cpu_ms']:.2f} "
+                          f"(load {res['load']:.1f})", flush=True)
     rows = []
     for (kind, w), results in runs.items():
         med = sorted(results, key=lambda x: x["per_s"])[len(results) // 2]
         rows.append([kind, w, round(med["per_s"], 1), round(med["tokens_per_s"]), round(med["main_cpu_ms"], 3),
-                     round(med["workers_cpu_ms"], 3), round(statistics.median(x["per_s"] for x in results), 1)])
+                     round(med["workers_cpu_ms"], 3), round(statistics.median(x["per_s"] for x in results), 1),
+                     round(statistics.median(x["first_s"] for x in results), 3), round(med["load"], 2)])
     header = ["kind", "workers", "batches_per_s", "tokens_per_s", "main_cpu_ms_per_batch", "workers_cpu_ms_per_batch",
-              "median_batches_per_s"]
+              "median_batches_per_s", "median_first_batch_s", "load_average"]
     write_table(args, header, rows)
-    print("| kind | workers | batches/s | main CPU ms/batch | workers CPU ms/batch |\n|---|---|---|---|---|")
+    print("| kind | workers | first batch (s) | steady batches/s | main CPU ms/batch | workers CPU ms/batch | load average |\n"
+          "|---|---|---|---|---|---|---|")
     for row in rows:
-        print(f"| {row[0]} | {row[1]} | {row[2]} | {row[4]} | {row[5]} |")
+        print(f"| {row[0]} | {row[1]} | {row[7]} | {row[2]} | {row[4]} | {row[5]} | {row[8]} |")
     # Ratios of medians over the rounds (each round's CPU is noisy on a shared machine).
     main_cpu = {key: statistics.median(x["main_cpu_ms"] for x in results) for key, results in runs.items()}
     for w in args.workers:

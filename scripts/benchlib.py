@@ -1,4 +1,5 @@
-"""What every ``scripts/bench_*.py`` shares: the machine description, and its table as CSV + SVG.
+"""What every ``scripts/bench_*.py`` shares: the machine description, start-up and steady rate timed
+apart with the load average beside each (``timed_stream``, ``with_load``), and its table as CSV + SVG.
 
 Each benchmark takes ``--csv PATH`` and ``--svg PATH`` (defaults ``docs/bench/NAME.csv`` and
 ``.svg``, ``-`` for none) and writes its table there; ``scripts/bench_all.sh`` runs them all.
@@ -140,6 +141,50 @@ def grouped_svg(args, title: str, groups: list[str], series: dict[str, list[floa
     ax.set_ylabel(ylabel)
     ax.legend(fontsize=8)
     _save(args, plt, fig, ax, title)
+
+
+def load() -> float:
+    """The 1-minute load average now: printed beside every figure, since a shared machine's load moves it."""
+    return os.getloadavg()[0]
+
+
+def with_load(text: str, load_average: float) -> str:
+    """``"1,234 batches/s (load 3.1)"``: a figure and the load average it was measured under.
+
+    >>> with_load("1,234 batches/s", 3.14)
+    '1,234 batches/s (load 3.1)'
+    """
+    return f"{text} (load {load_average:.1f})"
+
+
+def timed_stream(it, count=lambda item: 1, limit: int | None = None, start: float | None = None) -> dict:
+    """Consume iterator ``it``: the time to its first item (start-up) and the steady rate after it, apart.
+
+    A stream's first item carries its start-up (workers starting, a tokenizer loading, the first
+    window planned); a rate over a short run that includes it mixes the two. ``count(item)``: the
+    units an item is worth (1: items/s; real tokens: tokens/s); ``limit``: items after the first;
+    ``start``: a ``perf_counter()`` taken earlier (building the loader) from which start-up counts.
+    Returns ``first_s``, ``first_load``, ``steady_per_s``, ``steady_s``, ``steady_units``,
+    ``steady_items``, ``steady_load`` (the load averages when each was measured) and ``first`` (the item).
+
+    >>> r = timed_stream(iter(range(100)), limit=50)
+    >>> r["first"], r["steady_items"], r["first_s"] >= 0 and r["steady_per_s"] > 0
+    (0, 50, True)
+    """
+    t0 = time.perf_counter() if start is None else start
+    first = next(it)
+    first_s, first_load = time.perf_counter() - t0, load()
+    units = items = 0
+    t1 = time.perf_counter()
+    for item in it:
+        units += count(item)
+        items += 1
+        if limit is not None and items >= limit:
+            break
+    steady_s = time.perf_counter() - t1
+    return {"first": first, "first_s": first_s, "first_load": first_load, "steady_s": steady_s, "steady_units": units,
+            "steady_items": items, "steady_per_s": units / steady_s if steady_s > 0 else float("nan"),
+            "steady_load": load()}
 
 
 def best_of(fn, repeat: int) -> float:

@@ -7,6 +7,7 @@
 # it runs in the caller's directory, so the cache lands in ./portable_loader_cache.
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
+. "$root/scripts/quietly.sh"
 venv="${PORTABLE_LOADER_VENV:-.venv}"
 case "$venv" in /*) ;; *) venv="$root/$venv" ;; esac  # relative to the repository, as in scripts/test.sh
 if [ ! -x "$venv/bin/python" ]; then
@@ -15,5 +16,6 @@ fi
 py="$venv/bin/python"
 # The precache extra: the tokenizer stack only (no torch, jax or test tools). Reinstalling over the full
 # environment that scripts/test.sh builds changes nothing there.
-"$py" -m pip install -q --disable-pip-version-check -e "$root[precache]"
+quietly "installing portable_loader[precache] (editable) into $venv" \
+    "$py" -m pip install -q --disable-pip-version-check -e "$root[precache]"
 exec "$py" -m portable_loader "$@"

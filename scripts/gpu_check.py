@@ -212,7 +212,7 @@ def main(argv=None) -> int:
     args.data = os.path.abspath(args.data)
     start = time.perf_counter()
     summary = {"date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"), "dry_run": args.dry_run,
-               "budget_s": round(args.budget, 1), "stretch": round(args.stretch, 2),
+               "budget_s": round(args.budget, 1), "stretch": round(args.stretch, 4),
                "load_average": round(os.getloadavg()[0], 2), "wall_s": 0.0, "machine": {}, "parts": []}
     with tempfile.TemporaryDirectory(prefix="gpu-check-") as scratch, open(os.path.join(args.out, "log.txt"), "w") as log:
         for name in args.parts:

@@ -17,6 +17,22 @@ GPT2 = DATA / "tokenizers" / "gpt2"
 SAMPLE = ROOT / "portable_loader" / "sample"
 
 
+def pytest_addoption(parser):
+    parser.addoption("--quick", action="store_true",
+                     help="the quick tier: every module's fast tests, leaving out those marked slow "
+                          "(scripts/test.sh --quick; the full suite still runs them)")
+
+
+def pytest_collection_modifyitems(config, items):
+    if not config.getoption("--quick"):
+        return
+    slow = [item for item in items if item.get_closest_marker("slow")]
+    if slow:
+        config.hook.pytest_deselected(items=slow)
+        left = set(map(id, slow))
+        items[:] = [item for item in items if id(item) not in left]
+
+
 @pytest.fixture(scope="session", autouse=True)
 def own_tokenizer_cache(tmp_path_factory):
     """The run's own kept tokenizers (pl.tokenized keeps the backends it loads): never the user's
@@ -135,3 +151,23 @@ def steps(loader, n, state=None):
             except StopIteration:
                 break
         return out, it.get_state(), it.stats
+
+
+# A fork with JAX's threads running copies their locks mid-use; JAX warns, and a module marked with
+# NO_FORK fails instead (the warning comes from an at-fork hook, so it surfaces as an unraisable
+# exception). Its ``jax_running`` starts JAX's backend first, as the suite's earlier JAX tests have, so
+# the check holds whatever order the modules run in.
+NO_FORK = [
+    pytest.mark.filterwarnings("error:os.fork\\(\\) was called:RuntimeWarning",
+                               "error::pytest.PytestUnraisableExceptionWarning"),
+    pytest.mark.usefixtures("jax_running"),
+]
+
+
+@pytest.fixture(scope="module")
+def jax_running():
+    try:
+        import jax
+    except ImportError:  # no JAX installed: nothing to warn, and the module's own tests still run
+        return
+    jax.devices()

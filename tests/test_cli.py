@@ -87,17 +87,17 @@ def test_help_shows_defaults_and_every_option_is_explained(capsys):
 
 def test_chat_without_template_names_the_tokenizer(qa, tmp_path, capsys):
     rc, _, err = cli(capsys, "--input", qa, "--tokenizer", need(GPT2), "--format", "chat", "--out", tmp_path)
-    assert rc == 1 and err.startswith(f"error: tokenizer {str(GPT2)!r} has no chat template"), err
+    assert rc == 2 and err.startswith(f"error: tokenizer {str(GPT2)!r} has no chat template"), err
 
 
 def test_field_typos(qa, tmp_path, capsys):
     rc, _, err = cli(capsys, "--input", qa, "--tokenizer", need(GPT2), "--format", "alpaca", "--out", tmp_path,
                      "--field", "instrucion=question", "--field", "output=answer")
-    assert rc == 1 and len(err.strip().splitlines()) == 1
+    assert rc == 2 and len(err.strip().splitlines()) == 1
     assert "unknown field 'instrucion' for the alpaca format: it reads instruction, input, output" in err
     rc, _, err = cli(capsys, "--input", qa, "--tokenizer", GPT2, "--format", "alpaca", "--out", tmp_path,
                      "--field", "instruction=questoin", "--field", "output=answer")
-    assert rc == 1 and len(err.strip().splitlines()) == 1
+    assert rc == 2 and len(err.strip().splitlines()) == 1
     assert "qa.jsonl: line 1: field questoin: missing (the alpaca field 'instruction', renamed by fields/--field); " \
            "the row has: answer, question" in err
 
@@ -239,10 +239,10 @@ def test_rm_removes_caches_and_nothing_else(two_caches, tmp_path, capsys):
     stray.mkdir()
     (stray / "keep.txt").write_text("mine")
     rc, _, err = cli(capsys, "rm", stray)
-    assert rc == 1 and "not a portable_loader cache" in err and (stray / "keep.txt").exists()
+    assert rc == 2 and "not a portable_loader cache" in err and (stray / "keep.txt").exists()
     (stray / "manifest.json").write_text("{}")  # looks like a cache, yet holds a foreign file
     rc, _, err = cli(capsys, "rm", stray)
-    assert rc == 1 and "keep.txt" in err and (stray / "keep.txt").exists()
+    assert rc == 2 and "keep.txt" in err and (stray / "keep.txt").exists()
     rc, text, _ = cli(capsys, "rm", a)
     assert rc == 0 and not os.path.exists(a) and text.strip() == f"removed {a}"
     pl.remove_cache(b)
@@ -250,7 +250,7 @@ def test_rm_removes_caches_and_nothing_else(two_caches, tmp_path, capsys):
     with pytest.raises(CacheError, match="no such cache directory"):
         pl.remove_cache(a)
     rc, _, err = cli(capsys, "ls", tmp_path / "missing")
-    assert rc == 1 and err.startswith("error: ") and "no such folder" in err
+    assert rc == 2 and err.startswith("error: ") and "no such folder" in err
 
 
 def test_subcommand_argument_errors_are_one_line(capsys):

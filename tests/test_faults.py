@@ -85,7 +85,7 @@ def test_full_disk_is_a_clear_error_and_the_next_run_succeeds(small_disk, tmp_pa
         resource.setrlimit(resource.RLIMIT_FSIZE, (1 << 20, 1 << 20))
 
     r = subprocess.run(cli(*args, "--out", mnt), capture_output=True, text=True, preexec_fn=None if mounted else limit)
-    assert r.returncode == 1, r.stderr
+    assert r.returncode == 2, r.stderr
     assert r.stderr.startswith("error: ") and "cannot write the cache" in r.stderr and len(r.stderr.strip().splitlines()) == 1
     assert visible_caches(mnt) == [] and not any(e.startswith(".tmp-") for e in os.listdir(mnt))
     # Space freed (here: a bigger place): the next run succeeds.

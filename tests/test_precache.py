@@ -205,7 +205,7 @@ def test_flipped_byte_is_refused_by_verify(small_cache):
         pl.open_cache(small_cache, verify=True)
     r = run_cli("--input", DATA / "text" / "llamafactory_c4_demo.jsonl", "--tokenizer", GPT2, "--format", "text",
                 "--out", os.path.dirname(small_cache), "--num-workers", "2", "--rows-per-task", "150", "--verify")
-    assert r.returncode == 1 and "checksum mismatch" in r.stderr and victim in r.stderr
+    assert r.returncode == 2 and "checksum mismatch" in r.stderr and victim in r.stderr
 
 
 def test_missing_shard_and_manifest_are_refused(small_cache):
@@ -317,7 +317,7 @@ def bad_jsonl(tmp_path):
 )
 def test_cli_bad_input_is_one_line_error_and_no_cache(tmp_path, args, message):
     r = run_cli("--input", bad_jsonl(tmp_path), "--tokenizer", need(GPT2), "--out", tmp_path / "c", *args)
-    assert r.returncode == 1
+    assert r.returncode == 2
     assert len(r.stderr.strip().splitlines()) == 1 and r.stderr.startswith("error: ")
     import re
 

@@ -1,7 +1,7 @@
 """precache with engine="ray" on a real multi-node Ray cluster on this machine (all on 127.0.0.1).
 
-One session-scoped ``ray.cluster_utils.Cluster``: a head and two worker nodes of one CPU each. The
-oracle for every Ray build is the local engine's build of the same input: the shard files must be
+One module-scoped ``ray.cluster_utils.Cluster``, hosted by a process of its own (``ray_cluster.py``,
+so this one never forks): a head and two worker nodes of one CPU each. The oracle for every Ray build is the local engine's build of the same input: the shard files must be
 byte-identical (sha256 computed here), and the cache names equal.
 """
 
@@ -22,11 +22,14 @@ import time
 import pytest
 
 ray = pytest.importorskip("ray")
-from ray.cluster_utils import Cluster  # noqa: E402
 
 import portable_loader as pl  # noqa: E402
+from conftest import NO_FORK  # noqa: E402
 from portable_loader.errors import BadRowError, PortableLoaderError  # noqa: E402
 from portable_loader.precache import build_cache, sample_args  # noqa: E402
+from ray_cluster import HostedCluster  # noqa: E402
+
+pytestmark = NO_FORK
 
 LOOPBACK = "127.0.0.1"
 NODE = dict(num_cpus=1, node_ip_address=LOOPBACK, include_dashboard=False, object_store_memory=80 * 1024 * 1024)
@@ -66,11 +69,9 @@ def local(inputs, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def cluster(local):
-    cluster = Cluster(initialize_head=True, head_node_args=NODE)
-    workers = [cluster.add_node(**NODE) for _ in range(2)]
-    cluster.wait_for_nodes()
+    cluster = HostedCluster(NODE, workers=2)  # (its own process: no fork of this one)
     ray.init(address=cluster.address, _node_ip_address=LOOPBACK, log_to_driver=False)
-    yield cluster, workers
+    yield cluster, cluster.workers
     ray.shutdown()
     cluster.shutdown()
 
@@ -121,7 +122,7 @@ def test_an_address_that_does_not_answer_is_a_clear_error_within_seconds(inputs,
          "--ray-address", f"{LOOPBACK}:{free_port()}"],
         capture_output=True, text=True, timeout=120,
     )
-    assert r.returncode == 1 and "cannot reach the Ray cluster at '127.0.0.1:" in r.stderr, r.stderr
+    assert r.returncode == 2 and "cannot reach the Ray cluster at '127.0.0.1:" in r.stderr, r.stderr
     assert time.monotonic() - t < 60  # the connect timeout is 5 s; the rest is start-up on a loaded machine
     assert no_temp_left(tmp_path) and not [n for n in os.listdir(tmp_path) if n.startswith("chat-")]
 
@@ -169,18 +170,18 @@ def test_node_lost_mid_run_reruns_its_tasks_and_the_cache_is_identical(inputs, l
             got["error"] = e
 
     # Not the node this driver is attached to (the build's ledger is there): any other may be lost.
-    victim = next(w for w in workers[::-1] if w.node_id != ray.get_runtime_context().get_node_id())
+    victim = next(w for w in workers[::-1] if w != ray.get_runtime_context().get_node_id())
     workers.remove(victim)
     thread = threading.Thread(target=build)
     thread.start()
     # Wait until a task has started on the node to remove (the build's ledger says so), then kill it.
     deadline = time.monotonic() + 120
-    while thread.is_alive() and time.monotonic() < deadline and victim.node_id not in {n for _, n in ledger_starts(5)}:
+    while thread.is_alive() and time.monotonic() < deadline and victim not in {n for _, n in ledger_starts(5)}:
         time.sleep(0.01)
     assert thread.is_alive(), f"the build ended before a node could be removed: {got}"
-    c.remove_node(victim, allow_graceful=False)
+    c.remove_node(victim)
     thread.join(300)
-    workers.append(c.add_node(**NODE))  # for the tests after this one
+    workers.append(c.add_node())  # for the tests after this one
     assert "error" not in got, got.get("error")
     path, summary = got["result"]
     # rows_per_task=10 is another plan (another key): its oracle is a local build with the same plan.
@@ -190,10 +191,10 @@ def test_node_lost_mid_run_reruns_its_tasks_and_the_cache_is_identical(inputs, l
     assert sorted(os.listdir(path)) == sorted(os.listdir(want))  # no partial shard of a killed task left
     # Tasks ran on the removed node; every one that started there and did not finish there was rerun.
     nodes = summary["nodes"]
-    assert nodes[victim.node_id]["started"] >= 1, nodes
-    killed = nodes[victim.node_id]["started"] - nodes[victim.node_id]["finished"]
+    assert nodes[victim]["started"] >= 1, nodes
+    killed = nodes[victim]["started"] - nodes[victim]["finished"]
     assert summary["retried"] >= killed and sum(n["finished"] for n in nodes.values()) == 90, summary
-    print(f"removed node: {nodes[victim.node_id]}; tasks retried: {summary['retried']}")
+    print(f"removed node: {nodes[victim]}; tasks retried: {summary['retried']}")
 
 
 def test_bad_row_stops_the_run_names_file_and_line_publishes_nothing_and_the_cluster_stays_usable(

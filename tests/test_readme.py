@@ -15,8 +15,8 @@ A block without a marker runs as one plain process. A block is skipped only wher
 at top level is not installed. A `text` block right after a python block (nothing but blank lines
 between) is that example's output: what it prints must match it line for line, and the README's
 quoted output of the demo (`bash scripts/demo.sh`) is the demo's, run here. In a quoted output, a
-rate (`... batches/s`, `... tokens/s`) matches any number, and `...` stands for any text the page
-leaves out; everything else (cache names, sizes in bytes, counts, positions) is compared as written.
+timing (`... batches/s`, `... tokens/s`, `... s`, `load average ...`) matches any number, and `...`
+stands for any text the page leaves out; everything else (cache names, sizes in bytes, counts, positions) is compared as written.
 
 The README's shell commands are each either run here or a script of this repository.
 """
@@ -104,7 +104,8 @@ def outputs(path: pathlib.Path) -> dict[int, str]:
     return out
 
 
-RATE = re.compile(r"[\d,.]+(?= (?:batches|tokens)/s)")
+# Timings: a rate, seconds (`0.41 s`) and the load average they were measured under.
+RATE = re.compile(r"[\d,.]+(?= (?:batches|tokens)/s| s\b)|(?<=load average )[\d.]+")
 
 
 def matches_quoted(quoted: str, printed: str) -> list[str]:
@@ -121,6 +122,7 @@ def matches_quoted(quoted: str, printed: str) -> list[str]:
 def test_quoted_outputs_compare_what_they_show():
     assert matches_quoted("x: 2,392 batches/s, 4,830,393 tokens/s, 98.6%", "x: 611 batches/s, 1,234,427 tokens/s, 98.6%") == []
     assert matches_quoted('{"a": "eb60...", "b": {...}}', '{"a": "eb606cb0", "b": {"c": 1}}') == []
+    assert matches_quoted("first batch: 0.52 s (load average 1.9)", "first batch: 10.79 s (load average 24.5)") == []
     assert matches_quoted("state: 412 bytes", "state: 399 bytes")  # a size is compared, not masked
     assert matches_quoted("chat-2afc (2000 records)", "chat-20c7 (2000 records)")
     assert matches_quoted("one\ntwo", "one")

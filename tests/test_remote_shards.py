@@ -17,7 +17,11 @@ from portable_loader.cache.lazy import RemoteCacheSource  # noqa: E402
 from portable_loader.cache.remote import open_store  # noqa: E402
 from portable_loader.engine import WorkerError  # noqa: E402
 from portable_loader.errors import CacheError  # noqa: E402
+import worker_fns  # noqa: E402
+from conftest import NO_FORK  # noqa: E402
 from test_s3 import build, s3  # noqa: E402,F401  (s3: the moto server fixture)
+
+pytestmark = NO_FORK
 
 
 @pytest.fixture(scope="module")
@@ -99,15 +103,12 @@ def test_worker_processes_fetch_and_agree(many, tmp_path):
     assert src.store.local_bytes() <= 4 * max(sizes)
 
 
-def _fetch_one(args):
-    url, cache_dir = args
-    return open_store(url, cache_dir).fetch(0)
-
-
 def test_concurrent_fetches_of_one_shard_download_it_once(many, tmp_path):
     url, _, sizes = many
-    with mp.get_context("fork").Pool(3) as pool:  # forked, as loader workers are
-        got = pool.map(_fetch_one, [(url, str(tmp_path))] * 3)
+    # Not forked: this process runs the S3 server's threads (and, later in the suite, JAX's), so a
+    # loader would start its workers by forkserver too.
+    with mp.get_context("forkserver").Pool(3) as pool:
+        got = pool.map(worker_fns.fetch_first_shard, [(url, str(tmp_path), dict(os.environ))] * 3)
     assert sorted(got) == [0, 0, sizes[0]]
     store = open_store(url, tmp_path)
     assert os.path.getsize(store.path(0)) == sizes[0] and store.local_bytes() == sizes[0]

@@ -119,4 +119,4 @@ def test_transcript_errors_name_the_file_row_and_field(tmp_path, capsys):
     rc = main(["--input", str(data), "--tokenizer", str(PHI3), "--format", "chat", "--out", str(tmp_path / "c"),
                "--field", "messages=chosen", "--transcript", "nope"])
     err = capsys.readouterr().err
-    assert rc == 1 and err.startswith("error: unknown transcript preset 'nope'") and len(err.strip().splitlines()) == 1
+    assert rc == 2 and err.startswith("error: unknown transcript preset 'nope'") and len(err.strip().splitlines()) == 1

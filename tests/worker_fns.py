@@ -86,3 +86,22 @@ class PlusIndex(pg.transforms.MapWithIndex):
 class TagIndex(pg.transforms.MapWithIndex):
     def map_with_index(self, index, x):
         return (index, x)
+
+
+# --- tests/test_remote_shards.py: a process of its own opening a shared remote cache -----------------
+
+
+def fetch_first_shard(args):
+    """Bytes this process downloaded for shard 0 of ``url`` through the local cache ``cache_dir``.
+
+    A forkserver child has the server's environment: take the test's (the S3 server's endpoint and
+    credentials) and have fsspec read it again, as the ``s3`` fixture does."""
+    import fsspec.config
+
+    from portable_loader.cache.remote import open_store
+    from portable_loader.engine.workers import take_environment
+
+    url, cache_dir, env = args
+    take_environment(env)
+    fsspec.config.set_conf_env(fsspec.config.conf)
+    return open_store(url, cache_dir).fetch(0)

@@ -39,7 +39,7 @@ import threading
 
 import numpy as np
 
-from portable_loader.lifecycle import in_finalizer
+from portable_loader.lifecycle import join_thread
 from portable_loader.step_plans import Cursor, StepPlans
 
 __all__ = ["FetchAhead", "remotes_of"]
@@ -150,8 +150,7 @@ class FetchAhead:
         with self._cond:
             self._stop = True
             self._cond.notify_all()
-        if not in_finalizer():  # a collection must not wait on threads (lifecycle.in_finalizer)
-            self._thread.join(timeout=_JOIN_S)
+        join_thread(self._thread, _JOIN_S)  # (from garbage collection: at exit)
         self.engine.close()
 
     def _mine(self, lo: int, hi: int) -> np.ndarray:

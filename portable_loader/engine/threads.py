@@ -15,7 +15,7 @@ from time import perf_counter
 from portable_loader.engine.inline import InlineEngine
 # Raised here, and imported from here by engine/__init__.py and the process engines.
 from portable_loader.errors import WorkerError
-from portable_loader.lifecycle import hook_last, in_finalizer
+from portable_loader.lifecycle import hook_last, join_thread
 from portable_loader.step_plans import StepPlans
 
 __all__ = ["Producer", "WorkerError", "thread_engine"]
@@ -134,8 +134,7 @@ class Producer:
     def close(self) -> None:
         self._stop.set()
         self._space.set()
-        if not in_finalizer():  # a collection must not wait on threads (lifecycle.in_finalizer)
-            self._thread.join(timeout=_JOIN_S)
+        join_thread(self._thread, _JOIN_S)  # (from garbage collection: at exit)
         self._ready.clear()
 
 

@@ -40,7 +40,7 @@ from importlib import resources
 from portable_loader.cache.manifest import BACKENDS
 from portable_loader.cache.publish import clean_stale, temp_dir
 from portable_loader.cache.remote import discard_unpublished, unpublish
-from portable_loader.errors import CacheError
+from portable_loader.errors import CacheError, raised_here
 from portable_loader.precache.engine import cached_tokenizer
 from portable_loader.precache.lock import locked, sweep_locks
 from portable_loader.precache.manage import cache_info, list_caches, remove_cache
@@ -66,6 +66,7 @@ def sample_args() -> dict[str, str]:
     return {"input": str(folder / "sample_chat.jsonl"), "tokenizer": str(folder / "tokenizer"), "format": "chat"}
 
 
+@raised_here
 def precache(input, *, tokenizer: str, format: str, out: str, **options) -> str:
     """Tokenize ``input`` into a cache under ``out`` (or find it there) and return the cache's path.
 
@@ -102,6 +103,7 @@ def precache(input, *, tokenizer: str, format: str, out: str, **options) -> str:
     return build_cache(input, tokenizer=tokenizer, format=format, out=out, **options)[0]
 
 
+@raised_here
 def build_cache(input, *, tokenizer: str, format: str, out: str, **options) -> tuple[str, dict]:
     """Like :func:`precache`, and also returns the run's summary (counts, seconds, cache hit or not).
 
@@ -121,6 +123,7 @@ def build_cache(input, *, tokenizer: str, format: str, out: str, **options) -> t
     return build(input, record, out=out, **options)
 
 
+@raised_here
 def build(
     input,
     record: RecordOptions,

@@ -9,8 +9,8 @@ bundled sample). Three subcommands look after what was built::
 
 CACHE and OUT may be URLs (``s3://bucket/caches/...``).
 
-Errors in the data, tokenizer or cache print one ``error: ...`` line and exit 1; malformed arguments
-are argparse's (usage and ``error: ...``, exit 2).
+A user's mistake, in the arguments, the data, the tokenizer or a cache, prints one ``error: ...`` line
+and exits 2; ``-v`` (or ``PORTABLE_LOADER_DEBUG=1``) prints the traceback before it.
 
 Example:
     $ python -m portable_loader.precache --input hh.jsonl.gz --format chat --tokenizer phi-3-mini \\
@@ -26,6 +26,7 @@ import time
 
 from portable_loader.cache.manifest import BACKENDS
 from portable_loader.cache.opening import open_cache
+from portable_loader.command_line import Parser, add_verbose, int_at_least, user_error
 from portable_loader.errors import PortableLoaderError
 from portable_loader.precache import ENGINES, build, sample_args
 from portable_loader.precache.manage import cache_info, format_info, list_caches, remove_cache
@@ -45,26 +46,6 @@ class _Help(argparse.ArgumentDefaultsHelpFormatter):
         if action.default in (None, False, []):
             return action.help
         return super()._get_help_string(action)
-
-
-class _Parser(argparse.ArgumentParser):
-    """Argument errors as one ``error:`` line (exit 2), like the data errors' (exit 1)."""
-
-    def error(self, message):
-        self.exit(2, f"error: {message} (see {self.prog} --help)\n")
-
-
-def _int_at_least(low: int, note: str = ""):
-    def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
-        if value < low:
-            raise argparse.ArgumentTypeError(f"must be >= {low}{note}, got {value}")
-        return value
-
-    return parse
 
 
 def _parse_fields(pairs: list[str]) -> dict[str, str]:
@@ -93,7 +74,7 @@ def _parse_transcript(values: list[str]) -> str | dict[str, str] | None:
 
 
 def _build_parser() -> argparse.ArgumentParser:
-    p = _Parser(
+    p = Parser(
         prog="python -m portable_loader.precache",
         description="Tokenize a dataset into a portable_loader cache and print the cache directory. "
         "With no arguments: the bundled sample chat dataset and tokenizer.",
@@ -107,11 +88,11 @@ def _build_parser() -> argparse.ArgumentParser:
     p.add_argument("--format", choices=FORMATS, help="text: loss on all; alpaca, chat: loss on the answers only")
     p.add_argument("--tokenizer", help="local tokenizer folder (tokenizer.json [+ tokenizer_config.json])")
     p.add_argument("--out", default="portable_loader_cache", help="parent directory of caches")
-    p.add_argument("--max-length", type=_int_at_least(MIN_MAX_LENGTH), metavar="TOKENS",
+    p.add_argument("--max-length", type=int_at_least(MIN_MAX_LENGTH), metavar="TOKENS",
                    help="longest record kept, in tokens (default: no limit); see --overlong")
     p.add_argument("--overlong", choices=("drop", "truncate"), default="drop",
                    help="what happens to a record longer than --max-length (both are counted)")
-    p.add_argument("--num-workers", type=_int_at_least(0), metavar="N",
+    p.add_argument("--num-workers", type=int_at_least(0), metavar="N",
                    help="tokenizer processes (default: all cores); 0 or 1: tokenize in this process")
     p.add_argument("--engine", choices=ENGINES, default="local",
                    help="who runs the tasks: local processes, or a Ray cluster (see --ray-address); "
@@ -119,7 +100,7 @@ def _build_parser() -> argparse.ArgumentParser:
     p.add_argument("--ray-address", metavar="ADDR",
                    help="--engine ray: 'auto' (the cluster this machine is in) or HOST:PORT of its head "
                    "(default: RAY_ADDRESS, else a Ray started on this machine)")
-    p.add_argument("--rows-per-task", type=_int_at_least(1), default=None, metavar="ROWS",
+    p.add_argument("--rows-per-task", type=int_at_least(1), default=None, metavar="ROWS",
                    help="rows per task, so per shard, at most (tasks never span input files; default: the "
                    "input's row count / 64, within [1000, 50000], so the cache never depends on the workers)")
     p.add_argument("--backend", choices=BACKENDS, default="arrow",
@@ -140,6 +121,7 @@ def _build_parser() -> argparse.ArgumentParser:
     p.add_argument("--verify", action="store_true", help="check every shard's checksum of the resulting cache")
     p.add_argument("--check", action="store_true",
                    help="tokenize the whole input and report its counts and its first bad row; write no cache")
+    add_verbose(p)
     return p
 
 
@@ -157,7 +139,8 @@ def _build(argv: list[str]) -> int:
     if args.check:
         return _check(args)
     try:
-        path, s = build(
+        # Undecorated, so that -v can print the workers' tracebacks that the public function drops.
+        path, s = build.__wrapped__(
             args.input, _record(args), out=args.out, split=args.split, num_workers=args.num_workers,
             engine=args.engine, ray_address=args.ray_address, rows_per_task=args.rows_per_task, backend=args.backend,
             force=args.force, show_progress=sys.stderr.isatty(),
@@ -165,8 +148,7 @@ def _build(argv: list[str]) -> int:
         if args.verify:
             open_cache(path, verify=True)
     except PortableLoaderError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 1
+        return user_error(e, args.verbose)
     except KeyboardInterrupt:
         print("interrupted: no cache was published", file=sys.stderr)
         return 130
@@ -204,8 +186,7 @@ def _check(args) -> int:
         record = _record(args)
         s = Tokenized(open_inputs(args.input, args.split), record).validate()
     except PortableLoaderError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 1
+        return user_error(e, args.verbose)
     print(
         f"check passed: rows in: {s['rows_in']}  rows out: {s['rows_out']}  dropped: {format_dropped(s['dropped'])}  "
         f"truncated: {s['truncated']}\ntokens: {s['tokens']} ({s['trainable_tokens']} trained)  "
@@ -215,8 +196,8 @@ def _check(args) -> int:
 
 
 def _manage(argv: list[str]) -> int:
-    p = _Parser(prog="python -m portable_loader.precache", formatter_class=_Help)
-    sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    p = Parser(prog="python -m portable_loader.precache", formatter_class=_Help)
+    sub = p.add_subparsers(dest="command", required=True, parser_class=Parser)
     info = sub.add_parser("info", help="a cache's rows, tokens, length histogram and build options")
     info.add_argument("cache", help="a cache directory or URL (what precache printed)")
     info.add_argument("--json", action="store_true", help="print cache_info()'s dict as JSON")
@@ -225,6 +206,8 @@ def _manage(argv: list[str]) -> int:
     ls.add_argument("--json", action="store_true", help="print list_caches()'s list as JSON")
     rm = sub.add_parser("rm", help="delete caches (refuses any folder that is not a cache)")
     rm.add_argument("caches", nargs="+", help="cache directories or URLs")
+    for command in (info, ls, rm):
+        add_verbose(command)
     args = p.parse_args(argv)
     try:
         if args.command == "info":
@@ -245,8 +228,7 @@ def _manage(argv: list[str]) -> int:
                 remove_cache(path)
                 print(f"removed {path}")
     except PortableLoaderError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 1
+        return user_error(e, args.verbose)
     return 0
 
 
