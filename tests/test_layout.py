@@ -19,7 +19,7 @@ LAYERS = [
     ["engine"],
     ["dataset"],
     ["corpora", "dataset.iter"],
-    ["loader", "grain", "precache", "adapters", "sample", "__main__", ""],
+    ["loader", "grain", "precache", "adapters", "sample", "command_line", "__main__", ""],
 ]
 
 
