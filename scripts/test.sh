@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The project's one test command: installs everything it needs into .venv, then runs the whole suite.
-# Extra arguments go to pytest (e.g. scripts/test.sh -k sampler).
+# Extra arguments go to pytest (e.g. scripts/test.sh -k sampler); scripts/test.sh --quick runs the quick
+# tier: every module's tests but those marked slow (tests/conftest.py), which the full suite still runs.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . scripts/quietly.sh
