@@ -93,7 +93,7 @@ def test_build_cache_refuses_an_unknown_option(tmp_path):
 
 def test_the_dataset_layer_imports_no_precache_module():
     # pl.tokenized takes the value from portable_loader.record_options, not from precache's engines.
-    tree = ast.parse((ROOT / "portable_loader" / "dataset" / "tokenized.py").read_text())
+    tree = ast.parse((ROOT / "portable_loader" / "corpora" / "tokenized.py").read_text())
     imported = {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
     imported |= {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
     assert "portable_loader.record_options" in imported
