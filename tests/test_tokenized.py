@@ -160,7 +160,7 @@ def test_precache_check_scans_ahead_and_writes_nothing(tmp_path, capsys):
     summary = build_cache(str(tmp_path / "*.jsonl"), tokenizer=tokenizer, format="alpaca", out=tmp_path / "c2", num_workers=0)[1]
     assert f"rows out: {summary['rows_out']}" in out and f"tokens: {summary['tokens']} " in out
     files[1].write_text(files[1].read_text().replace('"a2"', "7"))
-    assert main(args) == 1
+    assert main(args) == 2  # a bad row is a user mistake: exit 2, one error line
     assert f"error: {files[1]}: line 3: field output: expected a string" in capsys.readouterr().err
     assert not (tmp_path / "c").exists()
 
