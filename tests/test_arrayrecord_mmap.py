@@ -69,6 +69,7 @@ def as_tuple(record):
 
 
 
+@pytest.mark.slow
 def test_every_record_is_the_librarys(cache):
     path, expected = cache
     src, lib = pl.open_cache(path), ArrayRecordCacheSource(path, pl.open_cache(path).manifest, mapped=False)
@@ -82,6 +83,7 @@ def test_every_record_is_the_librarys(cache):
     assert big >= 10 and crossing > big  # long records, and short ones split by a block header
 
 
+@pytest.mark.slow
 @settings(max_examples=80, deadline=None)
 @given(data=st.data())
 def test_random_batches_match_the_library(cache, data):
@@ -111,6 +113,7 @@ def test_loader_streams_equal_the_library_path(cache, packing):
         assert a.keys() == b.keys() and all(np.array_equal(a[k], b[k]) for k in a)
 
 
+@pytest.mark.slow
 def test_workers_read_their_own_maps(cache):
     path, _ = cache
     opened = pl.open_cache(path)

@@ -69,6 +69,7 @@ class Recorded:
         self.ds = ds
 
 
+@pytest.mark.slow
 @settings(max_examples=60, deadline=None, derandomize=True)
 @given(lengths=st.lists(st.integers(1, 40), min_size=12, max_size=120), seq_len=st.integers(4, 32),
        batch=st.integers(1, 6), window=st.integers(1, 10), packing=st.booleans(), filtered=st.booleans(),
@@ -111,6 +112,7 @@ def cache(tmp_path_factory):
     return pl.open_cache(pl.precache(**sample_args(), out=str(tmp_path_factory.mktemp("spec") / "cache")))
 
 
+@pytest.mark.slow
 @settings(max_examples=40, deadline=None, derandomize=True)
 @given(data=st.data())
 def test_a_cache_answers_lengths_and_then_the_same_spans_for_any_records(cache, data):

@@ -18,6 +18,7 @@ def bench(*args, env=None, timeout=120):
                           timeout=timeout, env={**os.environ, **(env or {})})
 
 
+@pytest.mark.slow
 def test_help_names_its_options():
     r = bench("--help")
     assert r.returncode == 0, r.stderr
@@ -25,6 +26,7 @@ def test_help_names_its_options():
         assert option in r.stdout
 
 
+@pytest.mark.slow
 def test_without_a_gpu_it_says_so_and_exits_0(tmp_path):
     # No device visible: what a machine without a GPU sees, on any machine.
     r = bench("--csv", tmp_path / "cuda.csv", "--svg", tmp_path / "cuda.svg", "--cache-dir", tmp_path / "cache",

@@ -37,6 +37,7 @@ def as_tuple(record):
 BACKENDS = ["arrow", "array_record"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_the_reported_keys(caches, backend):
     src, expected = caches[0][backend], caches[1]
@@ -52,6 +53,7 @@ def test_the_reported_keys(caches, backend):
         src[[0, N_ROWS]]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("backend", BACKENDS)
 @settings(max_examples=150, deadline=None)
 @given(data=st.data())

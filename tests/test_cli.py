@@ -116,6 +116,7 @@ for _ in range(rounds):
 """
 
 
+@pytest.mark.slow
 def test_lock_excludes_concurrent_processes_and_leaves_no_file(tmp_path):
     lock, counter = tmp_path / ".x.lock", tmp_path / "count"
     counter.write_text("0")
@@ -127,6 +128,7 @@ def test_lock_excludes_concurrent_processes_and_leaves_no_file(tmp_path):
     assert not lock.exists()
 
 
+@pytest.mark.slow
 def test_concurrent_builds_leave_no_lock_files(qa, tmp_path):
     args = [sys.executable, "-m", "portable_loader.precache", *map(str, qa_args(qa, tmp_path / "c", "--num-workers", "1"))]
     procs = [subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(4)]
@@ -136,6 +138,7 @@ def test_concurrent_builds_leave_no_lock_files(qa, tmp_path):
     assert len(os.listdir(tmp_path / "c")) == 1  # the cache, and no .lock, .tmp- or .trash- entry
 
 
+@pytest.mark.slow
 def test_a_waiting_run_says_whom_it_waits_for(qa, tmp_path):
     path = pl.precache(qa, tokenizer=need(GPT2), format="text", out=tmp_path, fields={"text": "question"})
     name = os.path.basename(path)

@@ -39,6 +39,7 @@ def batches(draw):
     return rows, records, seq_len
 
 
+@pytest.mark.slow
 @settings(max_examples=200, deadline=None)
 @given(batch=batches(), pad_id=st.integers(0, 5), some=st.sets(st.sampled_from(C.FIELDS[1:]), min_size=0),
        few=st.sampled_from([0, 10**6]), no_mask=st.booleans())

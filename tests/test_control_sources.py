@@ -145,6 +145,7 @@ def chat(tmp_path_factory):
     return pl.precache(**sample_args(), out=str(tmp_path_factory.mktemp("sources") / "cache"))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mode", ["padded", "packed"])
 def test_counts_over_caches_equal_what_the_batches_hold_across_many_steps(chat, mode):
     # Caches know their lengths: a padded step's records go to the iterator as served and are

@@ -126,6 +126,7 @@ actions = st.lists(st.one_of(st.just(("next",)), st.builds(
         lambda w: sum(w.values()) > 0))), min_size=1, max_size=14)
 
 
+@pytest.mark.slow
 @settings(max_examples=30, deadline=None, derandomize=True)
 @given(acts=actions, cut=st.integers(0, 14), packing=st.booleans(), size=st.sampled_from([4, 8, 16]))
 def test_a_state_after_any_calls_resumes_exactly_at_another_batch_size(acts, cut, packing, size):
@@ -160,6 +161,7 @@ def test_resume_after_calls_with_workers_equals_the_uninterrupted_run(workers, p
         assert same([next(resumed) for _ in range(20)], want)
 
 
+@pytest.mark.slow
 def test_the_state_stays_small_after_a_thousand_calls():
     with iter(loader(prefetch=0)) as it:
         next(it)

@@ -22,6 +22,7 @@ def cache(tmp_path_factory):
     return pl.open_cache(pl.precache(**sample_args(), out=str(tmp_path_factory.mktemp("cuda") / "cache")))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("workers, prefetch, rows", [(0, 0, 64), (0, 2, 64), (2, 2, 64), (2, 2, 8)])
 def test_every_field_of_a_batch_lies_in_a_block_of_the_loader(cache, workers, prefetch, rows):
     # Without workers, batches under 1 MiB come from the heap (a block is a mapping of its own): 8 x 2048 here.

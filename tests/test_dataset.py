@@ -54,6 +54,7 @@ def equal_records(a, b):
 # --- protocol conformance ---------------------------------------------------------------------
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", ["list", "grain", "hf", "arrow", "array_record"])
 def test_every_kind_of_source_reads_what_the_object_holds(caches, kind):
     obj, truth = kinds(caches)[kind]
@@ -107,6 +108,7 @@ def test_bad_sources_are_refused_with_what_is_accepted():
 # --- one indexing rule ------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", ["list", "grain", "hf", "arrow", "array_record"])
 def test_every_dataset_follows_the_indexing_rule(caches, kind):
     obj, truth = kinds(caches)[kind]
@@ -250,6 +252,7 @@ fp = pl.source(tree).map(lambda r: r, name="id").fingerprint() + pl.source(recs)
 """
 
 
+@pytest.mark.slow
 def test_fingerprints_are_the_same_in_another_process():
     import os
     import subprocess

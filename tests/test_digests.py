@@ -2,6 +2,7 @@
 (portable_loader.digests) existed: cache keys, manifest checksums, loader fingerprints and state digests
 of existing caches and states must not move."""
 
+import pytest
 import hashlib
 import json
 import os
@@ -40,6 +41,7 @@ def test_state_digest_pinned():
     assert state._digest(STATE) == "b836e512e0181348"
 
 
+@pytest.mark.slow
 def test_sample_cache_key_content_fingerprint_and_state_pinned(tmp_path):
     path, _ = build_cache(**sample_args(), out=tmp_path, max_length=256, num_workers=1)
     # Moved from chat-3d0e5cd442b8a16f68f7 when shards came to follow the task plan (key part "plan":
@@ -72,6 +74,7 @@ _json = st.recursive(
 )
 
 
+@pytest.mark.slow
 @settings(max_examples=200, deadline=None)
 @given(_json, st.booleans())
 def test_json_sha256_matches_hashlib_on_the_canonical_dump(value, compact):

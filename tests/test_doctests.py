@@ -42,6 +42,7 @@ def sample_cache(tmp_path_factory):
     return pathlib.Path(portable_loader.precache(**sample_args(), out=str(tmp_path_factory.mktemp("cache"))))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", modules())
 def test_docstring_examples_run(name, tmp_path, monkeypatch, sample_cache):
     monkeypatch.chdir(tmp_path)  # examples write caches and files where they stand

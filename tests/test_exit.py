@@ -210,6 +210,7 @@ if __name__ == "__main__":
 """
 
 
+@pytest.mark.slow
 def test_every_process_of_a_tagged_job_tags_its_semaphores(tmp_path):
     # What makes the shared-memory checks count a leaked semaphore of the job's workers (however
     # they were started) while ignoring every other program's.
@@ -266,6 +267,7 @@ def another_program_churning_shared_memory(tmp_path):
         churn.wait(timeout=30)
 
 
+@pytest.mark.slow
 def test_exit_checks_hold_while_another_process_churns_shared_memory(tmp_path):
     pytest.importorskip("torch")
     with another_program_churning_shared_memory(tmp_path):
@@ -282,6 +284,7 @@ def loader_threads():
     return [t for t in threading.enumerate() if t.name.startswith("portable_loader-")]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("adapter", ["torch", "jax"])
 def test_a_dropped_adapter_is_collected_and_stops_its_thread_and_workers(adapter):
     import gc
@@ -329,6 +332,7 @@ class Stubborn:
         return self.data[i]
 
 
+@pytest.mark.slow
 def test_close_kills_a_worker_that_ignores_sigterm():
     import portable_loader as pl
     from portable_loader.engine.workers import _JOIN_S as _WORKER_JOIN_S
@@ -351,12 +355,14 @@ def test_close_kills_a_worker_that_ignores_sigterm():
 END = {"normal": 0, "exit3": 3, "raise": 1}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("prefetch,workers", [(2, 2), pytest.param(2, 0, marks=FAULTS), pytest.param(0, 2, marks=FAULTS)])
 def test_jax_loader_left_open_exits_cleanly(prefetch, workers):
     for _ in range(3):  # the abort was a race with JAX's exit handler
         run_job("jax", prefetch, workers, "normal", want=0)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("adapter,prefetch,workers,how", [
     ("loader", 2, 2, "normal"), ("loader", 0, 2, "exit3"), ("loader", 2, 0, "raise"),
     ("torch", 2, 2, "normal"), pytest.param("torch", 0, 2, "raise", marks=FAULTS),
@@ -366,6 +372,7 @@ def test_every_way_out_keeps_its_exit_code(adapter, prefetch, workers, how):
     run_job(adapter, prefetch, workers, how, want=END[how])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("adapter,prefetch,workers,sig", [
     ("loader", 2, 2, signal.SIGINT), pytest.param("torch", 2, 2, signal.SIGINT, marks=FAULTS),
     ("jax", 2, 2, signal.SIGINT), ("loader", 0, 2, signal.SIGTERM),
@@ -376,6 +383,7 @@ def test_ctrl_c_and_a_schedulers_sigterm_end_the_job_and_its_workers(adapter, pr
     run_job(adapter, prefetch, workers, "loop", signal_to_send=sig, want=-sig)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("adapter,prefetch,workers", [
     ("loader", 0, 2),  # workers forked by the main thread: the kernel's parent-death signal
     ("jax", 2, 2),  # forked by the prefetch thread: the workers' own watch on their parent
@@ -389,23 +397,27 @@ def test_workers_end_by_themselves_when_the_parent_is_sigkilled(adapter, prefetc
 # --- two processes --------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("prefetch,workers", [(2, 2), pytest.param(0, 2, marks=FAULTS), pytest.param(2, 0, marks=FAULTS)])
 def test_two_process_jax_job_exits_without_closing(prefetch, workers):
     for _ in range(2):
         run_job("jax", prefetch, workers, "normal", dist="jax", want=0)
 
 
+@pytest.mark.slow
 @FAULTS
 def test_two_process_jax_job_exit_code_survives():
     run_job("jax", 2, 2, "exit3", dist="jax", want=3)
 
 
+@pytest.mark.slow
 def test_two_process_jax_job_leaves_at_the_preemption_sync_point_after_sigterm():
     # jax.distributed's preemption service keeps SIGTERM for itself (the process does not die); the
     # loop leaves at the sync point, without closing its loader, and the workers go with it.
     run_job("jax", 2, 2, "preempt", dist="jax", signal_to_send=signal.SIGTERM, want=0)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("adapter,how", [
     ("torch", "normal"), pytest.param("loader", "exit3", marks=FAULTS), pytest.param("torch-sync", "raise", marks=FAULTS),
 ])
@@ -413,6 +425,7 @@ def test_two_process_torch_job_exits_without_closing(adapter, how):
     run_job(adapter, 2, 2, how, dist="torch", want=END[how])
 
 
+@pytest.mark.slow
 @FAULTS
 def test_two_process_torch_job_ends_on_sigterm():
     run_job("torch", 2, 2, "loop", dist="torch", signal_to_send=signal.SIGTERM, want=-signal.SIGTERM)
@@ -421,6 +434,7 @@ def test_two_process_torch_job_ends_on_sigterm():
 # --- elastic restore for MaxText-style CheckpointManagers ------------------------------------------
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("saved_by", ["grain", "elastic"])
 def test_maxtext_style_manager_restores_two_processes_into_one(tmp_path, saved_by):
     """Saved by 2 processes (with Grain's handler, as MaxText does today, or ours), restored by 1 with
@@ -462,6 +476,7 @@ def test_maxtext_style_manager_restores_two_processes_into_one(tmp_path, saved_b
     grain_mngr.close()
 
 
+@pytest.mark.slow
 def test_a_close_run_by_garbage_collection_knows_it_and_does_not_wait():
     # A collection can run inside threading's own bookkeeping (a new thread starting); a close() there
     # that joined a finished thread would take a lock already held and hang the process (met in a full

@@ -34,6 +34,7 @@ def visible_caches(out):
     return [e for e in os.listdir(out) if not e.startswith(".")] if os.path.isdir(out) else []
 
 
+@pytest.mark.slow
 def test_sigkill_at_10_random_moments_one_in_each_tenth_of_the_run(tmp_path):
     out = tmp_path / "c"
     t = time.perf_counter()
@@ -72,6 +73,7 @@ def small_disk(tmp_path):
         subprocess.run(["umount", str(mnt)], check=True)
 
 
+@pytest.mark.slow
 def test_full_disk_is_a_clear_error_and_the_next_run_succeeds(small_disk, tmp_path):
     mnt, mounted = small_disk
     # GSM8K tokenizes to ~7 MB: it cannot fit in 1 MiB.
@@ -122,6 +124,7 @@ def _interrupt_after(cmd, wait_for, cwd, env=None, timeout=20):
     return p, err, kids, time.perf_counter() - t
 
 
+@pytest.mark.slow
 def test_ctrl_c_during_precache(tmp_path):
     out = tmp_path / "c"
     # only what this job made counts: the machine is shared (other programs' semaphores and
@@ -147,6 +150,7 @@ def test_ctrl_c_during_loading(tmp_path):
         assert_no_new_shm(shm_before, {str(p.pid), *(str(k.pid) for k in kids)}, set(), tag)
 
 
+@pytest.mark.slow
 def test_training_killed_5_times_resumes_the_exact_stream(tmp_path):
     script = str(ROOT / "scripts" / "train_torch.py")
     common = ["--cache-dir", str(tmp_path / "cache"), "--seq-len", "64", "--steps", "60", "--ckpt-every", "5"]

@@ -64,6 +64,7 @@ SHAPES = ["plain", "after_map", "over_mix", "mix_of_filters"]
 KW = dict(seq_len=16, seed=5, prefetch=0)
 
 
+@pytest.mark.slow
 @settings(max_examples=30, deadline=None)
 @given(
     st.sampled_from(SHAPES),
@@ -115,6 +116,7 @@ def named(shape, token):
     return ("ab"[tag - 1], r)
 
 
+@pytest.mark.slow
 @settings(max_examples=25, deadline=None)
 @given(
     st.sampled_from(SHAPES), st.integers(1, 50), st.integers(1, 30), st.integers(2, 5),
@@ -146,6 +148,7 @@ def plain_source(n=40):
     return pl.source(recs(n, 1))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("packing", [False, True])
 @pytest.mark.parametrize("workers", [0, 2])
 def test_resume_at_random_steps_equals_the_uninterrupted_run(packing, workers):
@@ -284,6 +287,7 @@ def test_grain_filter_holes_are_skipped_like_our_filter():
     assert same(got, want) and all(None not in first_tokens(b) for b in got[:-1])
 
 
+@pytest.mark.slow
 def test_a_non_empty_filter_fills_the_holes_tokenize_on_read_leaves(tmp_path):
     from conftest import DATA, GPT2, need
     from portable_loader.precache import build_cache

@@ -140,6 +140,7 @@ def test_the_cuda_goals_are_read_from_bench_cuda_s_and_bench_gpu_train_s_tables(
                      ("jax-medium", 0.995, True)]
 
 
+@pytest.mark.slow
 def test_the_tests_part_counts_outcomes_and_keeps_each_failure_s_first_line(tmp_path, monkeypatch):
     monkeypatch.syspath_prepend(str(ROOT / "scripts"))
     import gpu_parts

@@ -70,6 +70,7 @@ def test_the_idioms_are_found():
     assert len(IDIOM_NAMES) >= 20
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", IDIOM_NAMES)
 def test_idiom_gives_what_real_grain_gives_at_any_worker_count(name, idiom_runs):
     grain_out, ours0, ours2 = (idiom_runs[k][name] for k in ("grain", "ours0", "ours2"))
@@ -89,6 +90,7 @@ def _fresh(code: str) -> dict:
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
+@pytest.mark.slow
 def test_importing_it_imports_neither_grain_nor_jax_nor_torch_nor_orbax():
     code = (
         "import json, sys, time\n"
@@ -104,6 +106,7 @@ def test_importing_it_imports_neither_grain_nor_jax_nor_torch_nor_orbax():
     assert seconds < 5  # numpy, pyarrow and our modules; Grain alone takes about a second, with JAX
 
 
+@pytest.mark.slow
 def test_jax_is_imported_only_when_a_shard_by_jax_process_is_built():
     code = (
         "import json, sys\n"
@@ -290,6 +293,7 @@ def test_real_grains_samplers_are_read_by_their_settings():
     assert list(a) == list(b) and a.fingerprint() == b.fingerprint()
 
 
+@pytest.mark.slow
 def test_index_shuffle_is_grains_bijection_of_the_closed_range_with_grains_checks():
     from grain._src.python.experimental.index_shuffle.python import index_shuffle_module as real
 
@@ -363,6 +367,7 @@ def test_shard_k_of_K_is_every_Kth_position_and_drop_remainder_evens_them():
         assert len({len(s) for s in even}) == 1 and sum(map(len, even)) == 20 - 20 % count
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("workers", [0, 2])
 def test_two_shards_saved_continue_the_global_stream_on_one_and_on_three(workers, tmp_path):
     ops = [Square(), TagIndex()]

@@ -34,6 +34,7 @@ def report(tmp_path_factory):
                     gc.wheel())
 
 
+@pytest.mark.slow
 def test_grains_own_tests_pass_on_ours_where_they_use_public_names(report):
     rows = report["files"]
     assert all(r["real_pass"] > 0 for r in rows.values()), rows  # real Grain ran them all

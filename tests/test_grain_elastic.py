@@ -55,6 +55,7 @@ def rows(batches) -> list:
 # --- equal to Grain -----------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 @settings(**SETTINGS)
 @given(st.integers(0, 30), st.integers(1, 4), st.integers(1, 4), st.data())
 def test_every_shards_batches_equal_grains(n, count, per_shard, data):

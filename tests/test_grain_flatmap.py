@@ -84,6 +84,7 @@ def loader(G, n, ops, **kw):
 # --- equal to Grain -----------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 @settings(**SETTINGS)
 @given(case(overflow=True))
 def test_map_dataset_flat_map_equals_grains_slots_length_and_errors(c):
@@ -96,6 +97,7 @@ def test_map_dataset_flat_map_equals_grains_slots_length_and_errors(c):
     assert [slot(ours, i) for i in range(len(ours))] == [slot(ours[i:i + 1], 0) for i in range(len(ours))]
 
 
+@pytest.mark.slow
 @settings(**SETTINGS)
 @given(case())
 def test_map_dataset_flat_map_iterates_as_grains_and_through_apply(c):
@@ -108,6 +110,7 @@ def test_map_dataset_flat_map_iterates_as_grains_and_through_apply(c):
     assert outcome(pg.experimental.apply_transformations(pg.MapDataset.range(n), Pieces(fan_out, counts))) == expected
 
 
+@pytest.mark.slow
 @settings(**SETTINGS)
 @given(case(overflow=True), st.integers(1, 4))
 def test_iter_dataset_flat_map_yields_every_piece_as_grains_with_a_batch_after_it(c, batch):
@@ -120,6 +123,7 @@ def test_iter_dataset_flat_map_yields_every_piece_as_grains_with_a_batch_after_i
     assert outcome(via_apply) == outcome(g.batch(batch))
 
 
+@pytest.mark.slow
 @settings(**SETTINGS)
 @given(case(overflow=True), st.integers(1, 3))
 def test_data_loader_flat_map_equals_grains_data_loader(c, batch):
@@ -188,6 +192,7 @@ def assert_resumes(make, k: int):
     return head, state
 
 
+@pytest.mark.slow
 @settings(**SETTINGS)
 @given(case(), st.integers(1, 3), st.data())
 def test_iter_flat_map_resumes_exactly_after_any_element_inside_a_record_too(c, batch, data):
@@ -198,6 +203,7 @@ def test_iter_flat_map_resumes_exactly_after_any_element_inside_a_record_too(c, 
     assert_resumes(make, data.draw(st.integers(0, total)))
 
 
+@pytest.mark.slow
 @settings(**SETTINGS)
 @given(case(), st.integers(1, 3), st.data())
 def test_data_loader_with_flat_maps_resumes_exactly_after_any_batch(c, batch, data):

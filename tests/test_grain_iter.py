@@ -243,6 +243,7 @@ def test_stream_and_resume_are_independent_of_the_worker_count(small_chunks, n, 
     assert len(sizes) == 1 and sizes.pop() < 1024
 
 
+@pytest.mark.slow
 def test_resume_after_every_element_mid_epoch_filters_batches_and_mix(small_chunks):
     def build():
         a = to_iter_dataset(source(list(range(50))).filter(lambda x: x % 7 != 3)).random_map(jitter, seed=4)
@@ -383,6 +384,7 @@ def test_worker_init_fn_runs_in_each_worker(tmp_path):
     assert sorted(os.listdir(tmp_path)) == ["0-of-3", "1-of-3", "2-of-3"]
 
 
+@pytest.mark.slow
 def test_no_worker_outlives_its_iterator(small_chunks):
     before = children()
     ds = to_iter_dataset(range(100)).map(lambda x: x * 2).mp_prefetch(workers(3))
@@ -512,6 +514,7 @@ def _gone(pids, seconds=5.0) -> bool:
     return False
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("how", ["exit", "sigkill"])
 def test_workers_end_with_their_process_and_its_state_resumes_here(tmp_path, how):
     import subprocess

@@ -251,6 +251,7 @@ def test_repeat_reseeds_each_epoch_unless_told_not_to():
 # --- combining ------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 @FAST
 @given(st.lists(st.integers(1, 30), min_size=1, max_size=4), st.data())
 def test_mix(lengths, data):
@@ -282,6 +283,7 @@ def test_concatenate(lengths, epochs):
     check(lambda M: M.concatenate([M.range(100 * k, 100 * k + n) for k, n in enumerate(lengths)]).repeat(epochs))
 
 
+@pytest.mark.slow
 @settings(max_examples=8, deadline=None)  # Grain iterates a shuffle slowly
 @given(st.lists(st.integers(0, 12), min_size=1, max_size=4).filter(sum), st.integers(1, 3))
 def test_concatenate_epochs_reach_each_part(lengths, epochs):
@@ -396,6 +398,7 @@ def draw(x, rng):
     return (x, int(rng.integers(10**9)), float(rng.normal()))
 
 
+@pytest.mark.slow
 @FAST
 @given(st.integers(0, 2**32 - 1), st.integers(1, 20))
 def test_random_map_draws_equal_grains(seed, n):
@@ -412,6 +415,7 @@ def test_random_map_is_deterministic_per_index():
     assert ds.__getitems__([30, 2, 30]) == [whole[30], whole[2], whole[30]]
 
 
+@pytest.mark.slow
 @settings(max_examples=15, deadline=None)
 @given(st.integers(1, 40), st.integers(0, 2**32 - 1), st.integers(1, 3))
 def test_shuffle_is_grains_permutation_per_epoch(n, seed, epochs):

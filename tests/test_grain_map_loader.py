@@ -98,6 +98,7 @@ def test_lengths_and_accepts_follow_the_index_arithmetic(name):
     assert bool(ds.filters) == (None in everything or "filter" in name)
 
 
+@pytest.mark.slow
 def test_loader_over_a_cache_with_workers(cache):
     ds = pl.source(cache).shuffle(0).slice(slice(100, 1500, 7)).map(bos)
     assert ds.reopen().fingerprint() == ds.fingerprint() and ds.format == pl.source(cache).format

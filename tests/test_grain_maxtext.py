@@ -177,6 +177,7 @@ def test_the_pipeline_text_is_the_same_for_both_but_the_import():
     assert "ArrayRecordDataSource" in PIPELINE and "mp_prefetch" in PIPELINE
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("packing", [True, False], ids=["first-fit", "padding"])
 def test_unshuffled_equals_real_grain_and_two_workers_equal_none(records, packing, tmp_path):
     [real] = run("real", records, 0, shuffle=False, packing=packing, tmp_path=tmp_path)

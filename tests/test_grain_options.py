@@ -101,6 +101,7 @@ def test_a_filters_raise_threshold_stops_the_stream_where_grains_does(n, keep, w
     assert outcome(iter(build(pg, n, keep, where, opts_at, kws))) == expected
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("where", ["map_dataset", "iter", "after_batch"])
 def test_the_stop_does_not_depend_on_the_worker_count(where):
     kws = ({"filter_raise_threshold_ratio": 0.5}, {})

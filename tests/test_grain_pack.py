@@ -164,6 +164,7 @@ def conserves(rows: list, recs: list, keys) -> bool:
 # --- equal to Grain ------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 @settings(**SETTINGS)
 @given(pack_case())
 def test_first_fit_and_best_fit_equal_grains_elements(case):
@@ -172,6 +173,7 @@ def test_first_fit_and_best_fit_equal_grains_elements(case):
     assert outcome(o) == outcome(g)
 
 
+@pytest.mark.slow
 @settings(**SETTINGS)
 @given(cts_case("single"))
 def test_concat_then_split_equals_grain_with_one_split_feature(case):
@@ -185,6 +187,7 @@ def test_concat_then_split_equals_grain_with_one_split_feature(case):
     assert ours[1] in (None, "ValueError")
 
 
+@pytest.mark.slow
 @settings(**SETTINGS)
 @given(cts_case("fits"))
 def test_concat_then_split_equals_grain_with_several_features_within_their_lengths(case):
@@ -194,6 +197,7 @@ def test_concat_then_split_equals_grain_with_several_features_within_their_lengt
     assert ours[0] == theirs[0] and (ours[1] is None) == (theirs[1] is None)
 
 
+@pytest.mark.slow
 @settings(**SETTINGS)
 @given(cts_case("any"))
 def test_concat_then_split_keeps_every_token_once_and_equals_grain_until_grain_splits_a_rest_again(case):
@@ -322,6 +326,7 @@ def test_concat_then_split_treats_a_scalar_feature_as_one_cell():
 # --- the state -----------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 @settings(**SETTINGS)
 @given(pack_case(allow_overlong=False), st.data())
 def test_packing_resumes_exactly_from_a_state_after_any_element(case, data):
@@ -332,6 +337,7 @@ def test_packing_resumes_exactly_from_a_state_after_any_element(case, data):
     assert len(json.dumps(state)) < 1000
 
 
+@pytest.mark.slow
 @settings(**SETTINGS)
 @given(st.sampled_from(["single", "fits", "any"]).flatmap(cts_case), st.data())
 def test_concat_then_split_resumes_exactly_from_a_state_after_any_element(case, data):
@@ -481,6 +487,7 @@ def test_empty_elements_under_a_sequence_cap_pack_as_grain_packs_them():
         assert got == want, name
 
 
+@pytest.mark.slow
 @given(n=st.integers(1, 40), seed=st.integers(0, 2**16), shuffle=st.booleans(),
        step=st.sampled_from(["FirstFitPackIterDataset", "BestFitPackIterDataset"]), data=st.data())
 @settings(**dict(SETTINGS, max_examples=60))

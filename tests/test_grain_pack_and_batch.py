@@ -59,6 +59,7 @@ def _Twice(g):  # noqa: N802 (a Map transform of either library)
     return Twice()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("workers", [0, 2])
 def test_in_a_data_loader_batches_equal_grains_and_every_state_resumes_at_another_worker_count(workers):
     lengths = [(n % 5 + 1, n % 3) for n in range(23)]

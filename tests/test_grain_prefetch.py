@@ -78,6 +78,7 @@ def test_the_thread_reads_ahead_and_an_error_arrives_at_its_element():
     assert not _threads()
 
 
+@pytest.mark.slow
 def test_closing_the_outer_iterator_joins_every_thread_nested_or_collected():
     ds = pg.MapDataset.range(1000).to_iter_dataset()
     for _ in range(3):

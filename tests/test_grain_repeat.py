@@ -62,6 +62,7 @@ def test_empty_repeated_forever_ends():
     assert list(pg.experimental.RepeatIterDataset(everything_dropped, None)) == []
 
 
+@pytest.mark.slow
 @settings(**SETTINGS)
 @given(n=st.integers(1, 7), num_epochs=st.one_of(st.none(), st.integers(1, 3)), keep_mod=st.integers(1, 3),
        batch=st.integers(1, 3), cut=st.integers(0, 25), workers=st.sampled_from([0, 2]))

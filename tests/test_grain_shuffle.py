@@ -39,6 +39,7 @@ max_indices = st.one_of(st.integers(0, 300), st.integers(0, 70_000), st.integers
                         st.integers(0, 2**40), st.integers(2**52, 2**53 - 1)).filter(lambda m: not short_block(m))
 
 
+@pytest.mark.slow
 @settings(max_examples=120, deadline=None)
 @given(max_index=max_indices, seed=seeds, rounds=st.sampled_from([4, 4, 6, 8, 20, 1024]), data=st.data())
 def test_index_shuffle_equals_grains(max_index, seed, rounds, data):
@@ -49,6 +50,7 @@ def test_index_shuffle_equals_grains(max_index, seed, rounds, data):
     assert [pg.experimental.index_shuffle(i, max_index, seed, rounds) for i in idx] == want
 
 
+@pytest.mark.slow
 @settings(max_examples=40, deadline=None)
 @given(n=st.one_of(st.integers(1, 40), st.integers(40, 3000)), seed=seeds, epochs=st.integers(1, 3))
 def test_map_dataset_shuffle_equals_grains_element_for_element(n, seed, epochs):
@@ -86,6 +88,7 @@ def test_index_sampler_equals_grains(n, seed, epochs, data):
     assert all(ours[i].rng.integers(2**32) == real[i].rng.integers(2**32) for i in pos[:5])
 
 
+@pytest.mark.slow
 @settings(max_examples=10, deadline=None)
 @given(n=st.integers(1, 200), seed=seeds, batch=st.integers(1, 9), workers=st.sampled_from([0, 2]))
 def test_shuffled_data_loader_yields_grains_batches(n, seed, batch, workers):
@@ -98,6 +101,7 @@ def test_shuffled_data_loader_yields_grains_batches(n, seed, batch, workers):
     assert batches(pg, worker_count=workers) == batches(grain, worker_count=0)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("n", [2**16 + 1, 2**18 + 1])
 def test_where_grains_epoch_repeats_a_record_ours_keeps_every_record(n):
     want = [real_index_shuffle.index_shuffle(i, n - 1, 3, 4) for i in range(n)]

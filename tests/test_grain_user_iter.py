@@ -71,6 +71,7 @@ def test_elements_and_user_states_equal_real_grain_at_0_workers(name):
         assert rest_after(users.pipeline(name, pg), our_states[k]) == ours[k + 1:]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", users.NAMES)
 def test_two_workers_equal_zero_and_states_resume_across_counts(name):
     ds = users.pipeline(name, pg)
@@ -119,6 +120,7 @@ def test_resume_from_every_state_continues_the_stream(name):
         assert rest_after(ds, restored) == whole[k + 1:], k
 
 
+@pytest.mark.slow
 def test_resume_in_a_fresh_process(tmp_path):
     ds = users.pipeline("nested", pg)
     whole, states = run(ds.mp_prefetch(TWO))

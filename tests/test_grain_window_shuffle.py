@@ -25,6 +25,7 @@ def build(g, n: int, window: int, seed: int, keep_mod: int):
     return g.experimental.WindowShuffleIterDataset(ds, window_size=window, seed=seed)
 
 
+@pytest.mark.slow
 @settings(**SETTINGS)
 @given(n=st.integers(0, 40), window=st.integers(1, 12), seed=st.integers(0, 2**31), keep_mod=st.integers(1, 3))
 def test_elements_are_grains_in_grains_order(n, window, seed, keep_mod):
@@ -41,6 +42,7 @@ def test_windows_and_seeds_differ():
     assert list(other) != first
 
 
+@pytest.mark.slow
 @settings(**SETTINGS)
 @given(n=st.integers(1, 30), window=st.integers(1, 9), cut=st.integers(0, 30), workers=st.sampled_from([0, 2]))
 def test_resume_from_any_element(n, window, cut, workers):

@@ -67,6 +67,7 @@ def losses(trainer):
     return [round(h["loss"], 6) for h in trainer.state.log_history if "loss" in h]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("accum", [1, 2])
 def test_resume_sees_the_same_batches_and_losses(cache, tmp_path, accum):
     full = make_trainer(cache, tmp_path / "full", accum=accum)
@@ -83,6 +84,7 @@ def test_resume_sees_the_same_batches_and_losses(cache, tmp_path, accum):
     full.train_loader.close()
 
 
+@pytest.mark.slow
 def test_resume_from_checkpoint_true_picks_the_latest_and_state_is_of_consumed_batches(cache, tmp_path):
     first = make_trainer(cache, tmp_path / "run", max_steps=8)
     first.train()

@@ -35,6 +35,7 @@ def test_the_split_modules_are_found():
         assert f"portable_loader.{name}" in names
 
 
+@pytest.mark.slow
 def test_each_module_imports_first_in_a_fresh_interpreter():
     # One interpreter per module would take minutes on a loaded machine; a fresh interpreter that
     # imports each module first, then drops every portable_loader module, checks the same thing.
@@ -61,6 +62,7 @@ def test_core_does_not_import_torch_jax_or_ray(module):
     assert _fresh_import(code) == []
 
 
+@pytest.mark.slow
 def test_a_plain_checkout_on_pythonpath_imports_the_adapters(tmp_path):
     # No install: site-packages' libraries stay reachable, but not the editable install's finder (a
     # .pth hook), so the package comes from the checkout's folder alone.

@@ -46,6 +46,7 @@ def test_every_reader_returns_the_rows(inputs, kind):
     assert got == ROWS
 
 
+@pytest.mark.slow
 @settings(max_examples=15, deadline=None)
 @given(cuts=st.lists(st.integers(0, len(ROWS)), max_size=6), kind=st.sampled_from(["jsonl", "gz", "parquet", "hf"]))
 def test_row_ranges_partition_the_input(inputs, cuts, kind):

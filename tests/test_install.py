@@ -27,6 +27,7 @@ def test_the_package_list_holds_every_subpackage():
     assert found <= listed, f"pyproject.toml [tool.setuptools] packages misses {sorted(found - listed)}"
 
 
+@pytest.mark.slow
 def test_the_test_environment_has_no_conflicting_requirements():
     if sys.prefix == sys.base_prefix:
         pytest.skip("not in a virtual environment: the system's packages are not scripts/test.sh's to keep")

@@ -176,6 +176,7 @@ def run_job(cache, out, nproc, steps, *extra):
     return batches
 
 
+@pytest.mark.slow
 def test_two_process_job_matches_one_process_and_orbax_resumes_in_one(tmp_path):
     from conftest import SAMPLE
 
@@ -189,6 +190,7 @@ def test_two_process_job_matches_one_process_and_orbax_resumes_in_one(tmp_path):
     assert same(one, glob[4:9])
 
 
+@pytest.mark.slow
 def test_train_jax_resume_reproduces_the_loss_curve(tmp_path):
     script = os.path.join(os.path.dirname(HERE), "scripts", "train_jax.py")
     common = ["--cache-dir", str(tmp_path / "cache"), "--seq-len", "64", "--ckpt-every", "4"]

@@ -2,6 +2,7 @@
 folder holds more than 20 modules, the random-access layer imports neither the iterator layer nor the
 corpora at module level, and no module-level import cycle grows past three modules."""
 
+import pytest
 import ast
 import pathlib
 
@@ -110,6 +111,7 @@ def test_every_module_imports_only_its_own_or_lower_layers_at_module_level():
     assert not upward, upward
 
 
+@pytest.mark.slow
 def test_the_random_access_layer_imports_neither_iterators_nor_corpora():
     graph = _graph()
     layer = [m for m in graph if m.startswith("portable_loader.dataset")

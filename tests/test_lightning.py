@@ -68,6 +68,7 @@ def fit(cache, out, mode, ckpt=None, **kw):
     return model
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mode", ["serial", "async", "workers"])
 def test_resume_from_mid_epoch_checkpoints_is_exact(cache, tmp_path, mode):
     # 6 optimizer steps of 2 micro-batches: 12 batches, two of the loader's epochs (one and a half with packing).
@@ -208,6 +209,7 @@ def accelerate_run(cache, mode, out, *, resume=None, start=0, steps=6, accum=2):
     return acc.unwrap_model(model)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mode", ["serial", "async", "workers"])
 def test_accelerate_save_state_load_state_resumes_exactly(cache, tmp_path, mode):
     pytest.importorskip("accelerate")

@@ -158,6 +158,7 @@ def test_packing_covers_every_token_once_per_epoch(window):
     assert sorted(tokens.tolist()) == sorted(np.concatenate([expected, expected]).tolist())
 
 
+@pytest.mark.slow
 def test_packing_efficiency_on_real_alpaca_beats_grain(tmp_path):
     from conftest import DATA, PHI3, need
 
@@ -184,6 +185,7 @@ def test_packing_efficiency_on_real_alpaca_beats_grain(tmp_path):
 # --- exact resume -----------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 @settings(max_examples=40, deadline=None)
 @given(packing=st.booleans(), n=st.integers(5, 80), batch=st.sampled_from([1, 2, 4, 8]), k=st.integers(0, 30),
        epochs=st.sampled_from([None, 3]), workers=st.sampled_from([0, 2]))
@@ -264,6 +266,7 @@ def test_foreign_states_are_refused():
     it.close()
 
 
+@pytest.mark.slow
 def test_cache_source_fingerprint_tracks_the_cache(tmp_path):
     from conftest import DATA, GPT2, need
 

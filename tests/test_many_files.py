@@ -54,6 +54,7 @@ def test_folder_glob_and_list_read_rows_in_order(tmp_path):
     assert open_inputs(tmp_path / "data", split="train[10:20]").read(0, 1).__next__()[1]["text"] == ROWS[10]["text"]
 
 
+@pytest.mark.slow
 def test_folder_precache_equals_the_single_file_cache_and_the_key_covers_every_file(tmp_path):
     tok = need(GPT2)
     shards(tmp_path / "shards")
@@ -101,6 +102,7 @@ def test_errors_name_the_culprit(tmp_path):
         open_inputs([a, b])
 
 
+@pytest.mark.slow
 def test_a_bad_row_in_the_second_of_three_files_is_named_by_file_and_line(tmp_path):
     rows = [{"instruction": "q", "output": "a"}] * 4
     files = [jsonl(tmp_path / f"{i}.jsonl", rows) for i in range(3)]
@@ -142,6 +144,7 @@ def test_random_access_agrees_with_sequential_reads(tables, picks, kind):
     assert [row["text"] for row in t.get(present.tolist())] == [r["text"] for r in ROWS]
 
 
+@pytest.mark.slow
 def test_cli_takes_several_inputs(tmp_path, capsys):
     from portable_loader.precache.cli import main
 

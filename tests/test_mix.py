@@ -106,6 +106,7 @@ def test_count_bound_and_source_epochs(spec, block_extra, seed):
             assert len(set(epochs)) > 1  # a fresh order per source epoch
 
 
+@pytest.mark.slow
 @settings(max_examples=40, deadline=None)
 @given(sizes=st.lists(st.integers(1, 300), min_size=1, max_size=12), block_extra=st.integers(0, 40),
        seed=st.integers(0, 2**64 - 1), shuffle=st.booleans(), nested=st.booleans(), start=st.integers(0, 10**12),
@@ -186,6 +187,7 @@ def test_describe_names_what_the_batch_holds(packing):
                                                packing_window=32).describe(3)  # random access = sequential
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("packing", [False, True])
 def test_describe_in_any_order_matches_describe_in_sequence(packing):
     kw = dict(global_batch_size=8, seq_len=16, seed=4, packing=packing, packing_window=24, overlong="drop")
@@ -264,6 +266,7 @@ def test_schedule_changes_weights_at_a_block_boundary():
         assert abs(got[100 : 100 + 10 * b].count("a") - Fraction(3 * 10 * b, 4)) < 1
 
 
+@pytest.mark.slow
 def test_schedule_states_accept_appended_stages_and_refuse_edits():
     kw = dict(global_batch_size=8, seq_len=16, seed=9, prefetch=0)
     s1 = [(0, {"a": 1, "b": 1}), (64, {"a": 1, "b": 3})]

@@ -114,6 +114,7 @@ def local_mixture(caches, w):
     return pl.mix({"web": caches["web"], "math": caches["math"], "inner": inner}, dict(zip(("web", "math", "inner"), w)))
 
 
+@pytest.mark.slow
 @settings(max_examples=30, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(w=weights, idx=st.one_of(st.lists(st.integers(0, 679), max_size=20),
                                 st.lists(st.integers(0, 679), min_size=65, max_size=600)))
@@ -144,6 +145,7 @@ def test_batches_over_local_caches_equal_the_record_path(caches, packing, w, see
     same(got, want)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("packing", [False, True], ids=["padded", "packed"])
 @settings(max_examples=15, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(w=weights, seed=st.integers(0, 2**32 - 1), nested=st.booleans(), schedule=st.booleans(),
@@ -209,6 +211,7 @@ def test_read_ahead_is_each_sources_own_over_its_records(remote, paths, tmp_path
         s.close()
 
 
+@pytest.mark.slow
 def test_a_mixture_of_remote_caches_under_a_limit_equals_local_copies(remote, paths, tmp_path):
     config = dict(global_batch_size=8, seq_len=96, seed=1, prefetch=0)
     weights = {"web": 3, "code": 2, "math": 1}

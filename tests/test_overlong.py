@@ -66,6 +66,7 @@ def test_auto_resolves_by_the_cache_format():
         pl.DataLoader(records, global_batch_size=2, seq_len=8, overlong="chop")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("packing", [True, False])
 def test_chat_default_keeps_each_records_head_and_counts_truncations(chat, packing):
     loader = pl.DataLoader(chat, global_batch_size=16, seq_len=SEQ, seed=1, packing=packing, num_epochs=1,

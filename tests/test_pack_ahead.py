@@ -42,6 +42,7 @@ def test_the_trainers_process_packs_no_window(monkeypatch):
         batches(pl.DataLoader(docs, **{**loader.options.kwargs(), "num_workers": 0, "prefetch": 0}), 1)
 
 
+@pytest.mark.slow
 @settings(max_examples=10, deadline=None)
 @given(seed=st.integers(0, 2**31), window=st.sampled_from([4, 16, 100]), batch=st.integers(1, 9),
        workers=st.integers(1, 3), skipped=st.booleans(), filtered=st.booleans(), cut=st.integers(1, 12))

@@ -11,6 +11,7 @@ from portable_loader.io.tables import open_input
 from portable_loader.precache.plan import plan_tasks, split_rows
 
 
+@pytest.mark.slow
 @settings(max_examples=300, deadline=None)
 @given(st.integers(0, 10_000), st.integers(0, 10_000), st.integers(1, 3_000))
 def test_split_rows_covers_the_range_once_in_order_in_near_equal_ranges(lo, n, per_task):

@@ -53,6 +53,7 @@ def gsm_caches(tmp_path_factory):
     return out
 
 
+@pytest.mark.slow
 def test_records_equal_the_formatter_oracle(gsm_caches):
     path, summary = gsm_caches[1]
     tok = load_tokenizer(str(GPT2))
@@ -119,6 +120,7 @@ def test_arrow_cache_loads_with_datasets_and_grain(gsm_caches):
     assert isinstance(src[0]["input_ids"], np.ndarray) and src[0]["input_ids"].dtype == np.int32
 
 
+@pytest.mark.slow
 def test_second_run_is_a_hit_and_each_key_part_changes_the_key(tmp_path):
     data = tmp_path / "in.jsonl"
     data.write_text("".join(json.dumps({"instruction": f"q{i}", "output": f"a{i}", "question": "x", "answer": "y"}) + "\n" for i in range(40)))
@@ -185,6 +187,7 @@ def shard_files(path):
     return sorted(f for f in os.listdir(path) if f.startswith("data-"))
 
 
+@pytest.mark.slow
 def test_truncated_shard_is_refused_on_open(small_cache):
     victim = os.path.join(small_cache, shard_files(small_cache)[1])
     with open(victim, "r+b") as f:
@@ -193,6 +196,7 @@ def test_truncated_shard_is_refused_on_open(small_cache):
         pl.open_cache(small_cache)
 
 
+@pytest.mark.slow
 def test_flipped_byte_is_refused_by_verify(small_cache):
     victim = os.path.join(small_cache, shard_files(small_cache)[0])
     with open(victim, "r+b") as f:
@@ -208,6 +212,7 @@ def test_flipped_byte_is_refused_by_verify(small_cache):
     assert r.returncode == 2 and "checksum mismatch" in r.stderr and victim in r.stderr
 
 
+@pytest.mark.slow
 def test_missing_shard_and_manifest_are_refused(small_cache):
     os.remove(os.path.join(small_cache, shard_files(small_cache)[0]))
     with pytest.raises(CacheError, match="shard missing"):
@@ -217,6 +222,7 @@ def test_missing_shard_and_manifest_are_refused(small_cache):
         pl.open_cache(small_cache)
 
 
+@pytest.mark.slow
 def test_edited_manifest_and_other_format_version_are_refused(small_cache):
     mpath = os.path.join(small_cache, "manifest.json")
     manifest = json.load(open(mpath))
@@ -237,6 +243,7 @@ def test_edited_manifest_and_other_format_version_are_refused(small_cache):
 # --- atomic publishing: real processes --------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_concurrent_runs_for_one_key_end_with_one_cache(tmp_path):
     args = ["--input", need(GSM), "--tokenizer", need(GPT2), "--format", "alpaca", "--field", "instruction=question",
             "--field", "output=answer", "--split", "train[:300]", "--num-workers", "1", "--out", tmp_path]
@@ -251,6 +258,7 @@ def test_concurrent_runs_for_one_key_end_with_one_cache(tmp_path):
     pl.open_cache(printed.pop(), verify=True)
 
 
+@pytest.mark.slow
 def test_sigkill_leaves_no_partial_cache_and_next_run_completes(tmp_path):
     need(GSM)
     args = ["--input", GSM, "--tokenizer", PHI3, "--format", "alpaca", "--field", "instruction=question",
@@ -278,6 +286,7 @@ def test_sigkill_leaves_no_partial_cache_and_next_run_completes(tmp_path):
 # --- the command line -------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_cli_summary_and_last_line_is_the_cache(tmp_path):
     r = run_cli("--input", need(DATA / "chat" / "fastchat_dummy_conversation.json"), "--tokenizer", need(PHI3),
                 "--format", "chat", "--out", tmp_path, "--backend", "array_record", "--verify")
@@ -288,6 +297,7 @@ def test_cli_summary_and_last_line_is_the_cache(tmp_path):
     assert len(src) == 500 and os.path.dirname(lines[-1]) == str(tmp_path)
 
 
+@pytest.mark.slow
 def test_cli_without_arguments_caches_the_bundled_sample(tmp_path):
     r = run_cli(cwd=tmp_path)
     assert r.returncode == 0, r.stderr
@@ -307,6 +317,7 @@ def bad_jsonl(tmp_path):
     return p
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "args,message",
     [
@@ -406,6 +417,7 @@ def test_shards_of_many_record_batches_read_back_exactly(tmp_path, monkeypatch):
         src.__getitems__([len(written)])
 
 
+@pytest.mark.slow
 def test_the_first_bad_row_in_input_order_is_reported_whatever_worker_fails_first(tmp_path):
     # Worker 1's range starts with a bad row and fails at once; worker 0's bad row is the last of
     # its 8,000 rows. The error must name worker 0's row (the first in the file), not the quicker one.
@@ -430,6 +442,7 @@ print(pl.precache(**sample_args(), out="cache", num_workers=2, rows_per_task=500
 """
 
 
+@pytest.mark.slow
 def test_precache_in_a_jax_process_does_not_fork(tmp_path):
     pytest.importorskip("jax")
     job = tmp_path / "job.py"

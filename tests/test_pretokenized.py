@@ -267,6 +267,7 @@ def test_a_batch_size_rampup_cuts_the_same_window_stream(corpus):
     assert np.array_equal(np.concatenate(got)[:120], fixed[:120])
 
 
+@pytest.mark.slow
 def test_the_state_is_small_and_does_not_grow(corpus):
     path, _ = corpus
     ds = pl.pretokenized(path, eos_token_id=EOS)

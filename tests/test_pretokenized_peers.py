@@ -172,6 +172,7 @@ def write_corpus(mc, folder: str, spec: dict, rng, stem: str) -> list[str]:
     return prefixes
 
 
+@pytest.mark.slow
 @SETTINGS
 @given(spec=corpus_spec)
 def test_megatron_records_equal_indexed_dataset(spec):
@@ -196,6 +197,7 @@ def test_megatron_records_equal_indexed_dataset(spec):
                     assert np.array_equal(rec["input_ids"], want[i])
 
 
+@pytest.mark.slow
 @SETTINGS
 @given(spec=corpus_spec, L=st.sampled_from([1, 5, 64, 257]), B=st.sampled_from([1, 3, 8]), seed=st.integers(0, 99))
 def test_concat_epoch_is_the_corpus_windows(spec, L, B, seed):
@@ -250,6 +252,7 @@ def olmo_docs(rng: np.random.Generator, n: int, dtype, eos: int) -> np.ndarray:
     return np.concatenate(toks).astype(dtype)
 
 
+@pytest.mark.slow
 @SETTINGS
 @given(seed=st.integers(0, 2**31 - 1), dtype=st.sampled_from([np.uint16, np.uint32]),
        files=st.lists(st.integers(1, 50), min_size=1, max_size=3), tail=st.integers(0, 3))

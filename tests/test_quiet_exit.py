@@ -78,6 +78,7 @@ def sample_cache(tmp_path_factory):
     return pathlib.Path(pl.precache(**sample_args(), out=str(tmp_path_factory.mktemp("cache"))))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("how", ["closed", "left_open"])
 @pytest.mark.parametrize("kind", list(KINDS))
 def test_readme_example_exits_silently(kind, how, tmp_path, sample_cache):

@@ -80,6 +80,7 @@ def no_temp_left(out) -> bool:
     return not [n for n in os.listdir(out) if n.startswith(".tmp-")]
 
 
+@pytest.mark.slow
 def test_ray_build_is_byte_identical_to_local_and_a_hit_for_local(inputs, local, cluster, tmp_path, capsys):
     path, summary = build_cache(str(inputs), out=tmp_path, engine="ray", ray_address=cluster[0].address,
                                 show_progress=True, **options())
@@ -114,6 +115,7 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+@pytest.mark.slow
 def test_an_address_that_does_not_answer_is_a_clear_error_within_seconds(inputs, tmp_path):
     t = time.monotonic()
     r = subprocess.run(
@@ -127,6 +129,7 @@ def test_an_address_that_does_not_answer_is_a_clear_error_within_seconds(inputs,
     assert no_temp_left(tmp_path) and not [n for n in os.listdir(tmp_path) if n.startswith("chat-")]
 
 
+@pytest.mark.slow
 def test_ray_not_installed_is_a_clear_error(inputs, tmp_path):
     # sys.modules[name] = None is Python's own way of making an import fail, as if not installed.
     code = (
@@ -157,6 +160,7 @@ def ledger_starts(timeout=120) -> list:
     return []
 
 
+@pytest.mark.slow
 def test_node_lost_mid_run_reruns_its_tasks_and_the_cache_is_identical(inputs, local, cluster, tmp_path):
     c, workers = cluster
     out = tmp_path / "c"
@@ -197,6 +201,7 @@ def test_node_lost_mid_run_reruns_its_tasks_and_the_cache_is_identical(inputs, l
     print(f"removed node: {nodes[victim]}; tasks retried: {summary['retried']}")
 
 
+@pytest.mark.slow
 def test_bad_row_stops_the_run_names_file_and_line_publishes_nothing_and_the_cluster_stays_usable(
         inputs, local, cluster, tmp_path):
     bad = tmp_path / "in"
@@ -248,6 +253,7 @@ def padded_input(path, megabytes):
     return os.path.getsize(path)
 
 
+@pytest.mark.slow
 def test_the_drivers_peak_rss_does_not_grow_with_the_input(inputs, cluster, tmp_path):
     """A fresh driver process, warmed by one small build, builds a 50 MB and a 200 MB input: what its
     peak RSS grows by during each build is independent of the input and well under 30% of its size."""
@@ -302,6 +308,7 @@ def bucket(inputs):
     server.stop()
 
 
+@pytest.mark.slow
 def test_ray_from_a_bucket_to_a_bucket_tasks_upload_their_shards_driver_the_manifest_last(
         local, cluster, bucket, monkeypatch):
     import s3fs
@@ -337,6 +344,7 @@ def test_ray_from_a_bucket_to_a_bucket_tasks_upload_their_shards_driver_the_mani
     assert s["hit"] and again == url
 
 
+@pytest.mark.slow
 def test_ray_bucket_build_that_fails_leaves_nothing_in_the_bucket(inputs, cluster, bucket):
     fs, so = bucket
     for k in range(3):
@@ -354,6 +362,7 @@ def idle_cpus():
     return ray.available_resources().get("CPU", 0)
 
 
+@pytest.mark.slow
 def test_ctrl_c_on_the_driver_cancels_the_tasks_and_publishes_nothing(inputs, local, cluster, tmp_path):
     out = tmp_path / "c"
     driver = subprocess.Popen(
@@ -381,6 +390,7 @@ def test_ctrl_c_on_the_driver_cancels_the_tasks_and_publishes_nothing(inputs, lo
     assert shard_digests(path) == shard_digests(local)
 
 
+@pytest.mark.slow
 def test_local_engine_in_a_process_connected_to_ray_does_not_hang(inputs, local, cluster, tmp_path):
     """Forked workers of a process holding Ray's gRPC threads hang; the pool must not fork then."""
     assert ray.is_initialized()

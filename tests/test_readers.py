@@ -46,6 +46,7 @@ ops = st.lists(st.tuples(st.sampled_from(["read", "lengths", "prefetch", "spans"
 
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("backend", ["arrow", "array_record"])
 @settings(max_examples=60, deadline=None)
 @given(ops=ops, memo_bytes=st.sampled_from([0, 300, 3000, 1 << 20]), bulk_min=st.sampled_from([1, 64, 10**9]))
@@ -99,6 +100,7 @@ def test_what_lengths_or_prefetch_read_is_served_without_touching_the_shards(cac
         src[[4]]
 
 
+@pytest.mark.slow
 def test_array_record_shards_are_uncompressed_and_old_compressed_ones_get_safely_started_workers(tmp_path, monkeypatch):
     """A compressed shard's reader crashes in a worker forked after the parent read from it (the
     decompressor's thread does not survive fork): new caches are written uncompressed, and a cache
@@ -129,6 +131,7 @@ def test_array_record_shards_are_uncompressed_and_old_compressed_ones_get_safely
     assert all(np.array_equal(a[k], b[k]) for a, b in zip(got, want) for k in a)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("backend", ["arrow", "array_record"])
 def test_a_cache_pickles_as_what_reopens_it_and_grains_workers_read_it(tmp_path, backend):
     # Grain's DataLoader pickles its data source into each worker process.

@@ -212,6 +212,7 @@ def run_processes(n: int | None, env: dict, cwd: pathlib.Path, deadline: float, 
             for r, (p, log) in enumerate(zip(procs, logs)) if p.returncode != 0]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("page, index, code, words", SNIPPETS, ids=[f"{p}-{i}" for p, i, _, _ in SNIPPETS])
 def test_example_runs_as_written(page, index, code, words, tmp_path, sample_cache):
     options = run_options(words)
@@ -246,6 +247,7 @@ def test_example_runs_as_written(page, index, code, words, tmp_path, sample_cach
         assert not bad, f"{page} example {index} prints other than its quoted output:\n" + "\n".join(bad)
 
 
+@pytest.mark.slow
 def test_the_readme_quotes_the_demos_own_output(tmp_path):
     # What scripts/demo.sh runs after its install, in a fresh folder: the cache is built there.
     text = README.read_text()
@@ -265,6 +267,7 @@ def test_the_readme_names_where_the_suites_real_data_is_read():
     assert f"`{variable}`" in README.read_text()
 
 
+@pytest.mark.slow
 def test_readme_commands_are_run_here_or_are_scripts_of_the_repository(tmp_path):
     # Repository-relative paths in the commands resolve through a link, so the cache lands in tmp_path.
     (tmp_path / "portable_loader").symlink_to(ROOT / "portable_loader")

@@ -67,6 +67,7 @@ CONFIGS = [(dict(), 3, 4), (dict(shuffle="shards", shuffle_shards=2), 3, 1),
            (dict(shuffle="shards", shuffle_shards=2, packing=True, packing_window=32, prefetch=2), 5, 2)]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("config,shards,over", CONFIGS, ids=["global", "shards", "shards-packing-thread"])
 def test_batches_and_resume_equal_a_local_copy_under_a_small_limit(many, tmp_path, config, shards, over):
     url, local, sizes = many
@@ -91,6 +92,7 @@ def test_batches_and_resume_equal_a_local_copy_under_a_small_limit(many, tmp_pat
         same(run(fresh, state=local_state, **config)[0], want[7:])
 
 
+@pytest.mark.slow
 def test_worker_processes_fetch_and_agree(many, tmp_path):
     url, local, sizes = many
     config = dict(shuffle="shards", shuffle_shards=2, num_workers=2, prefetch=1)
@@ -103,6 +105,7 @@ def test_worker_processes_fetch_and_agree(many, tmp_path):
     assert src.store.local_bytes() <= 4 * max(sizes)
 
 
+@pytest.mark.slow
 def test_concurrent_fetches_of_one_shard_download_it_once(many, tmp_path):
     url, _, sizes = many
     # Not forked: this process runs the S3 server's threads (and, later in the suite, JAX's), so a
@@ -128,6 +131,7 @@ def test_eviction_is_lru_and_never_takes_a_shard_in_use(many, tmp_path):
     assert store.bytes_downloaded == sum(sizes[:6])
 
 
+@pytest.mark.slow
 def test_damaged_shard_is_refused_naming_the_object(s3, many, tmp_path):  # noqa: F811
     fs, _ = s3
     url, _, _ = many
@@ -145,6 +149,7 @@ def test_damaged_shard_is_refused_naming_the_object(s3, many, tmp_path):  # noqa
     assert not [n for n in os.listdir(src.store.local) if ".tmp-" in n or n == os.path.basename(shard)]
 
 
+@pytest.mark.slow
 def test_cold_epoch_bytes_with_shard_shuffle(many, tmp_path):
     """cache_limit of three shards: one cold epoch with shuffle="shards" (K=2) downloads at most 1.5x
     the cache's bytes; the global shuffle, correct too, downloads several times more."""
@@ -161,6 +166,7 @@ def test_cold_epoch_bytes_with_shard_shuffle(many, tmp_path):
     assert downloaded["global"] > 2 * downloaded["shards"], (downloaded, total)
 
 
+@pytest.mark.slow
 def test_info_ls_rm_take_urls(s3, many, tmp_path, capsys):  # noqa: F811
     import json
 
@@ -195,6 +201,7 @@ def test_info_ls_rm_take_urls(s3, many, tmp_path, capsys):  # noqa: F811
         pl.open_cache(sound, cache_dir=tmp_path)
 
 
+@pytest.mark.slow
 def test_fetch_ahead_fetches_the_next_steps_shards_within_the_budget(many, tmp_path):
     import time
 
@@ -222,6 +229,7 @@ def test_fetch_ahead_fetches_the_next_steps_shards_within_the_budget(many, tmp_p
         assert src.remote["fetches"] == 2 and src.store.local_bytes() <= 3 * max(sizes)
 
 
+@pytest.mark.slow
 def test_a_mixture_of_remote_caches_fetches_ahead_for_each_within_its_limit(many, tmp_path):
     import time
 
@@ -260,6 +268,7 @@ def test_a_mixture_of_remote_caches_fetches_ahead_for_each_within_its_limit(many
     assert got_state == want_state
 
 
+@pytest.mark.slow
 def test_a_collected_source_unpins_its_shards(many, tmp_path):
     import gc
 

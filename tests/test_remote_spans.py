@@ -46,6 +46,7 @@ def records(src, idx) -> list[tuple[list, list]]:
     return [(r["input_ids"].tolist(), r["loss_mask"].tolist()) for r in src.__getitems__(idx)]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("which", ["arrow", "array_record"])
 def test_remote_spans_equal_the_local_records(request, tmp_path_factory, which):
     url, local = request.getfixturevalue("many")[:2] if which == "arrow" else request.getfixturevalue("many_ar")
@@ -85,6 +86,7 @@ def test_spans_stay_readable_after_their_shards_are_evicted(many, tmp_path):
 _sources: dict = {}  # limit in shards -> a source (hypothesis calls the test once per example)
 
 
+@pytest.mark.slow
 @given(now=st.lists(st.integers(0, 299), min_size=1, max_size=8), ahead=st.lists(st.integers(0, 299), max_size=200),
        local=st.lists(st.integers(0, 14), max_size=6), limit=st.integers(2, 6))
 @settings(max_examples=80, deadline=None, suppress_health_check=list(HealthCheck))
@@ -116,6 +118,7 @@ LOADERS = [dict(), dict(packing=True, packing_window=32), dict(shuffle="shards",
            dict(shuffle="shards", shuffle_shards=2, packing=True, packing_window=32, num_workers=2, prefetch=1)]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("config", LOADERS, ids=["padded", "packed", "padded-workers", "packed-workers"])
 def test_loader_over_a_remote_cache_equals_a_local_copy(many, tmp_path, config):
     url, local, sizes = many
@@ -134,6 +137,7 @@ def test_loader_over_a_remote_cache_equals_a_local_copy(many, tmp_path, config):
     same(run(pl.open_cache(local), state=state, **config)[0], want[3:])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("config", [dict(), dict(shuffle="shards", shuffle_shards=2),
                                     dict(shuffle="shards", shuffle_shards=2, packing=True, packing_window=32)],
                          ids=["global", "shards", "shards-packed"])

@@ -85,6 +85,7 @@ def published(s3, tmp_path_factory):
     return url, summary, local
 
 
+@pytest.mark.slow
 def test_remote_cache_reads_like_a_local_one(published, tmp_path):
     url, summary, local = published
     assert url.startswith("s3://bkt/caches/chat-") and not summary["hit"]
@@ -201,6 +202,7 @@ KILLED = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow
 def test_killed_upload_leaves_nothing_openable_and_the_rerun_publishes(s3, tmp_path):
     fs, _ = s3
     proc = subprocess.Popen(
@@ -284,6 +286,7 @@ def test_array_record_cache_in_a_bucket(published, tmp_path):
     assert records(src) == records(pl.open_cache(published[2]))
 
 
+@pytest.mark.slow
 def test_cli_takes_urls(published):
     run = subprocess.run(
         [sys.executable, "-m", "portable_loader.precache", "--input", "s3://bkt/in/chat.jsonl", "--tokenizer", TOK,
@@ -302,6 +305,7 @@ def test_tokenized_reads_a_url(published):
         assert all(np.array_equal(a[k], b[k]) for k in a)
 
 
+@pytest.mark.slow
 def test_pretokenized_files_by_url_serve_the_local_files_batches(s3, tmp_path):
     from test_pretokenized import write_megatron
 
@@ -338,6 +342,7 @@ print(summary["rows_out"])
 """
 
 
+@pytest.mark.slow
 def test_forkserver_precache_workers_see_the_callers_environment_as_it_is_now(s3, tmp_path):
     env = {k: v for k, v in os.environ.items() if not k.startswith(("AWS_", "FSSPEC_"))}
     env.update({"LATE_" + k: v for k, v in os.environ.items() if k.startswith(("AWS_", "FSSPEC_"))})

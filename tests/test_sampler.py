@@ -85,6 +85,7 @@ def test_bijection_every_small_n():
         assert_permutation(s.record_indices(np.arange(n), epoch=n % 5), n)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("k", range(0, 25))
 def test_bijection_around_powers_of_two(k):
     for n in {max(1, 2**k - 1), 2**k, 2**k + 1}:
@@ -242,6 +243,7 @@ class _RangeSource:
         return np.int64(i)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("n,epochs", [(1, 1), (1000, 1), (513, 2)])
 def test_grain_dataloader_sees_every_record_once_per_epoch(n, epochs):
     import grain.python as grain
@@ -307,6 +309,7 @@ def test_position_past_end_of_finite_stream():
         s.record_indices([1.5])
 
 
+@pytest.mark.slow
 @settings(max_examples=200, deadline=None)
 @given(st.integers(1, 2**40), st.integers(0, 2**64 - 1), st.integers(0, 2**20))
 def test_few_positions_in_python_integers_equal_the_numpy_path(n, seed, epoch):

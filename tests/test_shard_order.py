@@ -19,6 +19,7 @@ def owner(rows):
     return np.repeat(np.arange(len(rows)), rows)
 
 
+@pytest.mark.slow
 @settings(max_examples=150, deadline=None)
 @given(rows=shard_rows, k=st.integers(1, 6), seed=st.integers(0, 2**64 - 1), epoch=st.integers(0, 5))
 def test_each_epoch_is_a_permutation_grouped_k_shards_at_a_time(rows, k, seed, epoch):

@@ -106,6 +106,7 @@ def row_plans(draw):
     return rows
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("backend", ["arrow", "array_record"])
 @settings(max_examples=60, deadline=None)
 @given(rows=row_plans(), fields=fields_strategy(), pad_id=st.sampled_from([0, 7]))

@@ -173,6 +173,7 @@ def test_alpaca_mask_decodes_to_output_for_any_text(gpt2, instruction, extra, ou
     assert trained.lstrip() == whole.lstrip()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("max_length,overlong", [(None, "drop"), (2048, "drop"), (64, "drop"), (64, "truncate"), (8, "truncate")])
 def test_text_records_built_per_batch_equal_the_per_record_ones(gpt2, phi3, max_length, overlong):
     # The text format builds a batch's records at once (_finish_text); the per-record _finish is the

@@ -50,6 +50,7 @@ def assert_same_batches(a, b):
             assert np.array_equal(np.asarray(x[key]), np.asarray(y[key])), key
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("tok", ["gpt2", "phi3"])
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_records_equal_the_cache(tmp_path, case, tok):
@@ -70,6 +71,7 @@ def test_records_equal_the_cache(tmp_path, case, tok):
     }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("packing", [False, True])
 def test_batches_equal_the_cache_for_any_workers_and_resume(tmp_path, packing):
     data, tokenizer = need(DATA / "text" / "llamafactory_c4_demo.jsonl"), need(GPT2)
@@ -88,6 +90,7 @@ def test_batches_equal_the_cache_for_any_workers_and_resume(tmp_path, packing):
         assert_same_batches([next(it2) for _ in range(7)], want[5:])
 
 
+@pytest.mark.slow
 def test_many_file_inputs_equal_their_cache(tmp_path):
     tokenizer = need(GPT2)
     shards(tmp_path / "shards")
@@ -114,6 +117,7 @@ def test_a_bad_row_fails_when_read_naming_file_and_line(tmp_path):
     assert skipping[6]["input_ids"].size == 0 and skipping.validate()["dropped"] == {"bad_row": 1}
 
 
+@pytest.mark.slow
 def test_dropped_rows_read_empty_and_packing_serves_every_kept_record(tmp_path):
     data, tokenizer = need(DATA / "text" / "llamafactory_c4_demo.jsonl"), need(GPT2)
     options = dict(tokenizer=tokenizer, format="text", split="train[:100]", max_length=200)
@@ -129,6 +133,7 @@ def test_dropped_rows_read_empty_and_packing_serves_every_kept_record(tmp_path):
     assert served == sorted(int(t) for r in kept for t in r["input_ids"])
 
 
+@pytest.mark.slow
 def test_fingerprint_follows_every_option_and_the_content(tmp_path):
     tokenizer = need(GPT2)
     data = jsonl(tmp_path / "d.jsonl", ROWS)
@@ -148,6 +153,7 @@ def test_fingerprint_follows_every_option_and_the_content(tmp_path):
         pl.tokenized(data, tokenizer=tokenizer, format="text", backend="arrow")
 
 
+@pytest.mark.slow
 def test_precache_check_scans_ahead_and_writes_nothing(tmp_path, capsys):
     from portable_loader.precache.cli import main
 
@@ -165,6 +171,7 @@ def test_precache_check_scans_ahead_and_writes_nothing(tmp_path, capsys):
     assert not (tmp_path / "c").exists()
 
 
+@pytest.mark.slow
 def test_load_tokenizer_matches_autotokenizer_without_importing_torch():
     import subprocess
     import sys
@@ -182,6 +189,7 @@ def test_load_tokenizer_matches_autotokenizer_without_importing_torch():
     assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip() == "False"
 
 
+@pytest.mark.slow
 def test_windows_the_main_process_tokenizes_reach_workers_without_a_second_tokenization(tmp_path):
     """The main process tokenizes a window for its lengths where no worker does it ahead (a source
     wrapped in a map or a mixture, a state's window checked at set_state)."""
@@ -210,6 +218,7 @@ def test_windows_the_main_process_tokenizes_reach_workers_without_a_second_token
     assert not os.path.exists(ds._spill.dir)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("tok", ["gpt2", "phi3"])
 def test_a_kept_tokenizer_gives_the_records_of_transformers_without_importing_it(tmp_path, monkeypatch, tok):
     """The text and alpaca formats load a tokenizer kept by an earlier load (no transformers import):
@@ -245,6 +254,7 @@ def test_a_kept_tokenizer_gives_the_records_of_transformers_without_importing_it
     assert out[:2] == ["BackendTokenizer", "False"]
 
 
+@pytest.mark.slow
 def test_a_kept_tokenizer_is_keyed_by_its_files_and_a_damaged_one_is_loaded_again(tmp_path, monkeypatch):
     import shutil
 

@@ -52,6 +52,7 @@ CONFIGS = {  # (loader options, dataset options): every way the planner reads le
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("config", sorted(CONFIGS))
 def test_workers_tokenize_and_the_batches_do_not_depend_on_their_number(config):
     options, ds_options = CONFIGS[config]
@@ -71,6 +72,7 @@ def test_workers_tokenize_and_the_batches_do_not_depend_on_their_number(config):
         assert (rows_main, encoded_main) == (0, 0), f"the main process tokenized with {workers} workers"
 
 
+@pytest.mark.slow
 def test_resume_with_workers_tokenizes_one_window_in_the_main_process():
     kw = dict(global_batch_size=4, seq_len=256, seed=1, packing=True, packing_window=24, num_workers=2)
     with iter(pl.DataLoader(c4(), **kw)) as it:
@@ -107,6 +109,7 @@ JOB = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("how", ["raise", "kill"])
 def test_no_hand_over_outlives_an_exit_or_a_kill(how):
     data, tokenizer = need(DATA / "text" / "llamafactory_c4_demo.jsonl"), need(GPT2)
@@ -144,6 +147,7 @@ def test_spill_files_are_immutable_and_a_reader_forgets_removed_ones(tmp_path):
     assert not os.path.exists(owner.dir)
 
 
+@pytest.mark.slow
 def test_a_gz_input_is_decompressed_once_into_a_private_file_removed_with_its_table(tmp_path):
     import gc
     import gzip
@@ -164,6 +168,7 @@ def test_a_gz_input_is_decompressed_once_into_a_private_file_removed_with_its_ta
     assert not os.path.exists(copy)
 
 
+@pytest.mark.slow
 def test_from_the_second_epoch_nothing_is_sent_ahead(monkeypatch):
     from portable_loader.engine import ahead, processes
 
@@ -222,6 +227,7 @@ def wrapped(shape):
 SHAPES = ["map", "map-keeps-lengths", "mix-of-two", "mix-with-a-list", "map-of-a-mix-of-maps"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("shape", SHAPES)
 def test_wrapped_sources_are_tokenized_by_the_workers_into_the_same_batches(shape):
     kw = dict(global_batch_size=4, seq_len=256, seed=3, packing=True, packing_window=24)
@@ -242,6 +248,7 @@ def test_wrapped_sources_are_tokenized_by_the_workers_into_the_same_batches(shap
     assert (rows_main, encoded_main) == (0, 0), "the main process tokenized with 2 workers"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("shape", SHAPES)
 def test_a_wrapped_part_tokenized_by_one_worker_is_read_by_another_without_tokenizing(shape):
     import pickle
@@ -271,6 +278,7 @@ def tokenized_inside(ds):
     return [t for k in kids if k is not None for t in tokenized_inside(k)]
 
 
+@pytest.mark.slow
 def test_a_map_that_changes_lengths_plans_with_the_mapped_lengths():
     ds = c4().map(crop)
     worker = pickle_copy(ds)
@@ -287,6 +295,7 @@ def pickle_copy(ds):
     return pickle.loads(pickle.dumps(ds))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("shape", ["bare", "map", "mix"])
 def test_a_bad_row_met_ahead_by_a_worker_raises_in_the_main_process_naming_it(tmp_path, shape):
     from portable_loader.errors import BadRowError

@@ -91,6 +91,7 @@ def _take(it, k):
     return [next(it) for _ in range(k)]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("packing", [False, True])
 @pytest.mark.parametrize("async_collation", [False, True])
 def test_batches_held_are_their_own_and_equal_the_numpy_loaders_bit_for_bit(tmp_path, packing, async_collation):
@@ -190,6 +191,7 @@ def run_job(cache, out, world, steps, *extra):
     return [{k: np.concatenate([z[f"{k}_{i}"] for z in ranks]) for k in keys} for i in range(steps)]
 
 
+@pytest.mark.slow
 def test_gloo_world_2_matches_world_1_and_dcp_resumes_at_1_and_4(tmp_path):
     from conftest import SAMPLE
 
@@ -205,6 +207,7 @@ def test_gloo_world_2_matches_world_1_and_dcp_resumes_at_1_and_4(tmp_path):
         assert same(resumed, glob[4:10]), world
 
 
+@pytest.mark.slow
 def test_train_torch_resume_reproduces_the_loss_curve(tmp_path):
     script = os.path.join(os.path.dirname(HERE), "scripts", "train_torch.py")
     common = ["--cache-dir", str(tmp_path / "cache"), "--seq-len", "64", "--ckpt-every", "4"]

@@ -28,6 +28,7 @@ MARKERS = st.sampled_from([
 CONTENT = st.text(st.characters(blacklist_characters=":<>", blacklist_categories=("Cs",)), max_size=30).map(str.strip)
 
 
+@pytest.mark.slow
 @settings(max_examples=200, deadline=None)
 @given(MARKERS, st.data())
 def test_split_recovers_the_joined_turns(markers, data):

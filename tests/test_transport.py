@@ -74,6 +74,7 @@ def same_kept(part, batch, how):
     return all(np.array_equal(np.asarray(v), kept(batch, how)[k]) for k, v in part.items())
 
 
+@pytest.mark.slow
 @settings(max_examples=12, deadline=None)
 @given(keep=st.lists(st.sampled_from([None, "batch", "field", "rows", "memoryview"]), min_size=30, max_size=30),
        workers=st.integers(0, 3), prefetch=st.integers(0, 3))
@@ -148,6 +149,7 @@ def test_a_block_served_in_another_layout_stays_held_by_the_old_arrays():
     pool.close()
 
 
+@pytest.mark.slow
 def test_memory_is_bounded_and_freed(tmp_path):
     docs = corpus(tmp_path / "c.bin")
     loader = pl.DataLoader(docs, global_batch_size=8, seq_len=512, packing="concat", num_workers=2, prefetch=2)
@@ -219,6 +221,7 @@ except WorkerError as e:
 """
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", ["concat", "packed", "padded", "tokenized", "mp_prefetch"])
 def test_a_killed_worker_is_reported_on_every_path(tmp_path, kind):
     job = tmp_path / "job.py"
@@ -268,6 +271,7 @@ print("ok", method)
 """
 
 
+@pytest.mark.slow
 def test_jax_with_workers_no_fork_warning(tmp_path):
     pytest.importorskip("jax")
     job = tmp_path / "job.py"

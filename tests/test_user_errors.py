@@ -42,6 +42,7 @@ def assert_one_line(r, *words):
     assert "Traceback" not in r.stderr
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("args,words", [
     (["--global-batch-size", "0"], ["--global-batch-size", "must be >= 1, got 0"]),
     (["--steps", "1"], ["--steps", "must be >= 2"]),
@@ -60,6 +61,7 @@ def test_demo_out_that_is_a_file_is_one_line(tmp_path):
     assert_one_line(run("portable_loader", "--out", tmp_path / "taken", cwd=tmp_path), "taken")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("args,words", [
     (["--max-length", "0"], ["--max-length", "must be >= 2"]),
     (["--format", "poetry"], ["--format", "invalid choice"]),
@@ -82,6 +84,7 @@ def bad_row_args(bad_rows, tmp_path):
             "--num-workers", "2", "--rows-per-task", "500"]
 
 
+@pytest.mark.slow
 def test_precache_bad_row_with_workers_is_one_line(tmp_path, bad_rows):
     r = run("portable_loader.precache", *bad_row_args(bad_rows, tmp_path), cwd=tmp_path)
     assert_one_line(r, f"bad.jsonl: line {BAD_LINE}: malformed JSON")
@@ -104,6 +107,7 @@ def precache_bad(bad_rows, tmp_path):
     return e, "".join(traceback.format_exception(e))
 
 
+@pytest.mark.slow
 def test_precache_bad_row_is_raised_from_the_callers_line(tmp_path, bad_rows, monkeypatch):
     monkeypatch.delenv(DEBUG_VARIABLE, raising=False)
     e, text = precache_bad(bad_rows, tmp_path)
