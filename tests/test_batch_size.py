@@ -92,6 +92,7 @@ def test_resume_at_another_size_continues_the_same_stream(segments, packing, hos
     assert state["step"] == len(batches)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("packing", [False, True], ids=["padded", "packed"])
 @pytest.mark.parametrize("workers", [0, 2])
 def test_workers_and_hosts_change_nothing_across_a_size_change(packing, workers):
@@ -310,6 +311,7 @@ def test_jax_loader_gives_each_size_its_global_shape():
 # --- 4. mixtures ------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 @settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(segments=SEGMENTS)
 def test_mixture_weights_hold_at_block_boundaries_across_size_changes(segments):

@@ -144,6 +144,7 @@ def test_a_spec_built_by_hand_plans_the_loaders_stream():
         assert mine.next() == theirs.next()
 
 
+@pytest.mark.slow
 def test_only_a_window_sized_lengths_call_keeps_its_spans(cache, monkeypatch):
     from portable_loader.cache import readers
 
@@ -155,6 +156,7 @@ def test_only_a_window_sized_lengths_call_keeps_its_spans(cache, monkeypatch):
     assert src.spans(np.arange(80)) is src._sized[1]
 
 
+@pytest.mark.slow
 def test_a_packed_loader_over_a_local_cache_locates_each_window_once(cache):
     from portable_loader.cache.readers import kept_spans
 

@@ -10,6 +10,7 @@ import sys
 SCRIPT = pathlib.Path(__file__).resolve().parent.parent / "scripts" / "bench_gpu_train.py"
 
 
+@pytest.mark.slow
 def test_help_names_its_options():
     r = subprocess.run([sys.executable, str(SCRIPT), "--help"], capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr

@@ -84,6 +84,7 @@ def test_any_key_matches_list_indexing_of_the_oracle(caches, backend, data):
         assert [as_tuple(r) for r in src.__getitems__(positions)] == [as_tuple(r) for r in got]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_batched_reads_refuse_non_integers_too(caches, backend):
     src, expected = caches[0][backend], caches[1]

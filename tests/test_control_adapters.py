@@ -38,6 +38,7 @@ def as_numpy(v):
     return np.asarray(v)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", ["torch", "jax"])
 @pytest.mark.parametrize("packing,workers", [(False, 0), (True, 2)])
 def test_an_adapter_steers_like_the_bare_iterator(kind, packing, workers):

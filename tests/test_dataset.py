@@ -74,6 +74,7 @@ def test_every_kind_of_source_reads_what_the_object_holds(caches, kind):
     assert equal_records(again.__getitems__(idx[:5]), [truth[i] for i in idx[:5]])
 
 
+@pytest.mark.slow
 def test_cache_fingerprint_is_its_manifest_and_survives_reopening(caches):
     for cache in caches.values():
         reopened = pl.open_cache(cache.path)
@@ -81,6 +82,7 @@ def test_cache_fingerprint_is_its_manifest_and_survives_reopening(caches):
     assert pl.source(caches["arrow"]).fingerprint() != pl.source(caches["array_record"]).fingerprint()
 
 
+@pytest.mark.slow
 def test_mapped_array_record_cache_reopens_its_leaf(caches):
     ds = pl.source(caches["array_record"]).map(lambda r: r, keeps_lengths=True)
     again = ds.reopen()

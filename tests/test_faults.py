@@ -139,6 +139,7 @@ def test_ctrl_c_during_precache(tmp_path):
         assert_no_new_shm(shm_before, {str(p.pid), *(str(k.pid) for k in kids)}, set(), tag)
 
 
+@pytest.mark.slow
 def test_ctrl_c_during_loading(tmp_path):
     with another_program_churning_shared_memory(tmp_path):
         shm_before = set(os.listdir("/dev/shm"))

@@ -65,6 +65,7 @@ def gpt2_tok():
     return load_tokenizer(need(GPT2), chat_template="default")
 
 
+@pytest.mark.slow
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 @given(lines=st.lists(LINE, max_size=8), fmt=st.sampled_from(["text", "alpaca", "chat"]), skip=st.booleans(),
        gz=st.booleans())

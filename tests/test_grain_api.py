@@ -330,6 +330,7 @@ def _ops(names):
     return out
 
 
+@pytest.mark.slow
 @given(names=st.lists(st.sampled_from(sorted(OPS)), max_size=4), n=st.integers(1, 25), shuffle=st.booleans(),
        epochs=st.sampled_from([1, 2, None]), stop=st.integers(0, 20), w_save=st.sampled_from([0, 1, 3]),
        w_restore=st.sampled_from([0, 2]))
@@ -388,6 +389,7 @@ def test_two_shards_saved_continue_the_global_stream_on_one_and_on_three(workers
         assert [tuple(x) for x in _interleave(restored)] == [tuple(x) for x in whole[14:44]]
 
 
+@pytest.mark.slow
 @given(n=st.integers(1, 30), epochs=st.sampled_from([1, 3, None]), k_save=st.integers(1, 4),
        k_restore=st.integers(1, 4), steps=st.integers(0, 6), names=st.lists(st.sampled_from(["sq", "jit", "idx"]),
                                                                             max_size=3),

@@ -49,6 +49,7 @@ def test_grains_own_tests_pass_on_ours_where_they_use_public_names(report):
         assert test in passed, test
 
 
+@pytest.mark.slow
 def test_tests_that_reach_private_names_are_left_out_with_the_names(report):
     left = report["left_out"]
     assert "grain._src.python.dataset.transformations.map.MapMapDataset" in \
@@ -61,6 +62,7 @@ def test_tests_that_reach_private_names_are_left_out_with_the_names(report):
     assert any("tree_lib" in n for n in used["BatchMapDatasetTest.test_epoch_boundaries"])
 
 
+@pytest.mark.slow
 def test_deliberate_differences_are_reported_apart(report):
     # Position sharding (docs/grain.md): every sharded IndexSampler test, shuffled or not.
     sharding = {f"samplers_test.py::IndexSamplerTest.test_{kind}_{drop}_{epochs}"

@@ -213,6 +213,7 @@ def test_data_loader_with_flat_maps_resumes_exactly_after_any_batch(c, batch, da
     assert_resumes(lambda: loader(pg, n, ops), data.draw(st.integers(0, total)))
 
 
+@pytest.mark.slow
 def test_state_is_a_small_position_resumes_at_another_worker_count_and_is_refused_elsewhere():
     ops = [Pieces(4, (4,)), pg.transforms.Batch(3)]  # 4 pieces per record, batches of 3: states inside records
     with iter(loader(pg, 40, ops)) as it:

@@ -216,6 +216,7 @@ def test_random_pipelines_equal_grain(n, steps):
 # --- the same stream at every worker count, exact resume, a fixed-size state --------------------------
 
 
+@pytest.mark.slow
 @settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
 @given(n=st.integers(0, 60), steps=PIPELINE, stop=st.integers(0, 30), counts=st.permutations([0, 1, 2, 3]))
 def test_stream_and_resume_are_independent_of_the_worker_count(small_chunks, n, steps, stop, counts):
@@ -656,6 +657,7 @@ def _wait_for(cond, seconds=10.0) -> bool:
     return cond()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("g", [grain, pg], ids=["grain", "ours"])
 def test_reading_ahead_starts_at_the_first_next_and_goes_on_in_the_background_as_grains(g):
     src = _SlowCounting()

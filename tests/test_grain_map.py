@@ -495,6 +495,7 @@ def apply_ops(M, n, plan):
     return ds
 
 
+@pytest.mark.slow
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.integers(0, 25), ops)
 def test_random_pipelines_equal_grains(n, plan):

@@ -111,6 +111,7 @@ def test_loader_over_a_cache_with_workers(cache):
     assert got == want and sum(want.values()) == 200
 
 
+@pytest.mark.slow
 def test_remaps_keep_lengths_free_on_a_cache(cache):
     ds = pl.source(cache).shuffle(5)[10:900:3].repeat(2)
     assert ds.cheap_lengths

@@ -93,6 +93,7 @@ def build(g, n, keep, where, opts_at, kws, workers=None):
     return ds
 
 
+@pytest.mark.slow
 @given(n=st.integers(0, 4500), keep=st.integers(0, 100), where=st.sampled_from(["map_dataset", "iter", "after_batch"]),
        opts_at=st.tuples(st.booleans(), st.booleans()), kws=st.tuples(OPTION_KW, OPTION_KW))
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])

@@ -19,6 +19,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -74,6 +76,7 @@ def grain_batches() -> list:
     return [np.asarray(b).tolist() for b in namespace["loader"](0)]
 
 
+@pytest.mark.slow
 def test_worker_count_3_checkpointing_many_times_without_a_hang():
     want = grain_batches()
     assert want == [[2, 4], [6, 8], [10, 12], [14, 16]]

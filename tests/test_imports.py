@@ -56,6 +56,7 @@ def test_each_module_imports_first_in_a_fresh_interpreter():
     assert _fresh_import(code) == [{}, []]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("module", ["portable_loader", "portable_loader.cache", "portable_loader.precache"])
 def test_core_does_not_import_torch_jax_or_ray(module):
     code = f"import json, sys, {module}\nprint(json.dumps(sorted(m for m in {HEAVY!r} if m in sys.modules)))"

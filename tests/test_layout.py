@@ -105,6 +105,7 @@ def _layer(module: str) -> int:
     return max(found)[1]
 
 
+@pytest.mark.slow
 def test_every_module_imports_only_its_own_or_lower_layers_at_module_level():
     graph = _graph()
     upward = sorted((m, d) for m, deps in graph.items() for d in deps if _layer(d) > _layer(m))

@@ -210,6 +210,7 @@ def _limited(it, k):
             return
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("packing", [False, True])
 def test_resume_with_workers_at_epoch_boundaries(packing):
     src = make_source(24)

@@ -198,6 +198,7 @@ def test_describe_in_any_order_matches_describe_in_sequence(packing):
     assert all(len(rows) == 8 for rows in in_order)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("packing", [False, True])
 @pytest.mark.parametrize("workers", [0, 2])
 def test_exact_resume_at_random_steps(packing, workers):

@@ -133,6 +133,7 @@ def test_local_caches_size_from_spans_and_keep_them_for_the_read(caches, w, idx)
     assert decoded(pickle.loads(pickle.dumps(m)).spans(arr)) == want  # a spawned worker's copy: no memoryviews
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("packing", [False, True], ids=["padded", "packed"])
 @settings(max_examples=8, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(w=weights, seed=st.integers(0, 2**32 - 1))

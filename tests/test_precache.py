@@ -65,6 +65,7 @@ def test_records_equal_the_formatter_oracle(gsm_caches):
     assert summary["rows_out"] + sum(summary["dropped"].values()) == 600
 
 
+@pytest.mark.slow
 def test_output_is_identical_for_any_worker_count(gsm_caches):
     base = records(pl.open_cache(gsm_caches[1][0]))
     manifests = [pl.open_cache(gsm_caches[w][0]).manifest for w in (1, 2, 3)]
@@ -84,6 +85,7 @@ def shard_digests(path) -> dict:
             for f in sorted(os.listdir(path)) if f.startswith("data-")}
 
 
+@pytest.mark.slow
 def test_content_checksum_is_recomputable(gsm_caches):
     src = pl.open_cache(gsm_caches[2][0])
     rows = [json.loads(line) for line, _ in zip(open(GSM), range(600))]

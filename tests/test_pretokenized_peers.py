@@ -215,6 +215,7 @@ def test_concat_epoch_is_the_corpus_windows(spec, L, B, seed):
         check_epoch(loader, records, L, B)
 
 
+@pytest.mark.slow
 def test_concat_order_is_keyed_and_resumes(tmp_path):
     mc = need_megatron()
     prefix = str(tmp_path / "c")
@@ -287,6 +288,7 @@ def test_olmo_numpy_documents_equal_olmo_core(seed, dtype, files, tail):
         assert ds.num_tokens == len(flat)
 
 
+@pytest.mark.slow
 def test_olmo_fsl_instances_equal_one_epoch(tmp_path):
     """One file: our windows are OLMo-core's NumpyFSLDataset instances (as a multiset)."""
     olmo = need_olmo()
@@ -340,6 +342,7 @@ def test_npy_with_header(tmp_path):
 # --- nanoGPT --------------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 @SETTINGS
 @given(seed=st.integers(0, 2**31 - 1), n=st.integers(300, 5000), L=st.sampled_from([1, 7, 128]),
        eos=st.sampled_from([None, 50_256]))

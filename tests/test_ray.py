@@ -96,6 +96,7 @@ def test_ray_build_is_byte_identical_to_local_and_a_hit_for_local(inputs, local,
     assert s["hit"] and again == path
 
 
+@pytest.mark.slow
 def test_a_hit_is_answered_without_connecting_to_ray(inputs, local, tmp_path):
     """Run where no Ray exists: a fresh process, an address where nothing listens, and a cache there."""
     out = os.path.dirname(local)
@@ -277,6 +278,7 @@ def test_the_drivers_peak_rss_does_not_grow_with_the_input(inputs, cluster, tmp_
               f"+{run['growth'] / 1e6:.1f} MB during the build")
 
 
+@pytest.mark.slow
 def test_an_in_memory_dataset_is_refused_with_the_way_out(cluster, tmp_path):
     datasets = pytest.importorskip("datasets")
     ds = datasets.Dataset.from_list([json.loads(line) for line in open(sample_args()["input"]) if line.strip()])

@@ -71,6 +71,7 @@ def test_reads_match_the_oracle_whatever_the_memo_holds(caches, backend, ops, me
     assert [as_tuple(r) for r in src[0:N_ROWS]] == expected
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("backend", ["arrow", "array_record"])
 def test_prefetch_checks_its_indices(caches, backend):
     src = pl.open_cache(caches[0][backend])
@@ -80,6 +81,7 @@ def test_prefetch_checks_its_indices(caches, backend):
         src.prefetch([1.0])
 
 
+@pytest.mark.slow
 def test_a_reopened_source_starts_with_an_empty_memo_and_the_same_budget(caches):
     opened = pl.open_cache(caches[0]["array_record"])
     src = ArrayRecordCacheSource(opened.path, opened.manifest, memo_bytes=5000, mapped=False)

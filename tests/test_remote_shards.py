@@ -117,6 +117,7 @@ def test_concurrent_fetches_of_one_shard_download_it_once(many, tmp_path):
     assert os.path.getsize(store.path(0)) == sizes[0] and store.local_bytes() == sizes[0]
 
 
+@pytest.mark.slow
 def test_eviction_is_lru_and_never_takes_a_shard_in_use(many, tmp_path):
     url, _, sizes = many
     store = open_store(url, tmp_path, cache_limit=2 * max(sizes))
@@ -297,6 +298,7 @@ def evictable(path):
         os.close(fd)
 
 
+@pytest.mark.slow
 def test_a_remote_cache_pickles_as_its_own_store_over_the_same_bucket(many, tmp_path):
     import pickle
 

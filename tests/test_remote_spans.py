@@ -70,6 +70,7 @@ def test_remote_spans_equal_the_local_records(request, tmp_path_factory, which):
         src.spans([n])
 
 
+@pytest.mark.slow
 def test_spans_stay_readable_after_their_shards_are_evicted(many, tmp_path):
     url, local, sizes = many
     here = pl.open_cache(local)

@@ -89,6 +89,7 @@ def loaders(request):
     return {b: pl.DataLoader(Lengths(lengths), **{**KW, "global_batch_size": b}) for b in (8, 64)}
 
 
+@pytest.mark.slow
 def test_per_step_documents_per_row_have_no_positive_lag1_autocorrelation(loaders):
     # 8 rows a step: a window lasts 16 to 50 steps, over which the packer's order climbs from
     # few documents per row to many (the control), then starts again.
@@ -97,6 +98,7 @@ def test_per_step_documents_per_row_have_no_positive_lag1_autocorrelation(loader
         assert lag1(planned_steps(loader).mean(axis=1)) < 0.1
 
 
+@pytest.mark.slow
 def test_a_rows_place_does_not_predict_its_length(loaders):
     # Where a batch lines up with a window, its place in the batch is its place in the window.
     for planner_cls, check in ((CreationOrder, lambda rho: rho > 0.8), (Planner, lambda rho: abs(rho) < 0.04)):
@@ -107,6 +109,7 @@ def test_a_rows_place_does_not_predict_its_length(loaders):
     assert abs(place_vs_length([np.arange(64)] * len(steps), list(steps))) < 0.04
 
 
+@pytest.mark.slow
 def test_two_hosts_rows_have_the_same_length_distribution(loaders):
     # Host k of 2 takes rows [32k, 32k + 32) of each 64-row batch; where a batch lines up with a
     # window, that is the window's first or second half.

@@ -279,6 +279,7 @@ def test_two_concurrent_opens_of_one_cache_agree(published, tmp_path):
     assert not [n for n in os.listdir(srcs[0].remote["local"]) if ".tmp-" in n]
 
 
+@pytest.mark.slow
 def test_array_record_cache_in_a_bucket(published, tmp_path):
     url, summary = build("s3://bkt/in/chat.jsonl", "s3://bkt/caches", backend="array_record")
     assert url != published[0] and not summary["hit"]

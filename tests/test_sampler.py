@@ -79,6 +79,7 @@ def test_order_is_stable_across_versions_and_machines():
 # --- bijection -------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_bijection_every_small_n():
     for n in range(1, 3001):
         s = LCGSampler(n, seed=n * 7919)
@@ -97,6 +98,7 @@ def test_no_record_lost_where_grain_index_shuffle_loses_one(n):
     assert_permutation(LCGSampler(n, seed=3).record_indices(np.arange(n)), n)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("n", [10**9 + 7, 2**40 + 1, 10**12, 2**62 + 3])
 def test_large_n_sampled_injective_and_in_range(n):
     rng = np.random.default_rng(n % 1000)
@@ -188,6 +190,7 @@ def random_reference():
     return np.random.default_rng(12345).permutation(N_QUALITY)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_shuffle_statistics_match_a_random_permutation(seed, random_reference):
     order = LCGSampler(N_QUALITY, seed=seed).record_indices(np.arange(N_QUALITY))

@@ -68,6 +68,7 @@ indices = st.one_of(st.lists(st.integers(-N, N - 1), max_size=20),
                               st.integers(0, 2**32 - 1), st.integers(800, 3000)))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("backend", ["arrow", "array_record"])
 @settings(max_examples=40, deadline=None)
 @given(idx=indices, as_array=st.booleans())
@@ -156,6 +157,7 @@ CONFIGS = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("backend", ["arrow", "array_record"])
 @pytest.mark.parametrize("name", list(CONFIGS))
 def test_loader_over_a_cache_equals_the_record_path(caches, backend, name):

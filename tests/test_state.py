@@ -116,6 +116,7 @@ FIELDS = ["version", "fingerprint", "config", "step", "window", "row", "samples"
           "digest"]
 
 
+@pytest.mark.slow
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(packing=st.booleans(), steps=st.integers(0, 12), field=st.sampled_from(FIELDS + ["extra"]),
        action=st.sampled_from(["set", "delete"]), value=JSON)

@@ -24,6 +24,7 @@ def test_num_steps_counts_the_batches_a_finite_stream_yields(n, batch, epochs, p
         assert endless.steps_per_epoch() == served
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("dist", [long_tailed, narrow])
 def test_packed_estimate_is_within_one_percent(dist):
     loader = pl.DataLoader(Lengths(dist(200_000, seed=2)), global_batch_size=64, seq_len=2048, seed=0,

@@ -105,6 +105,7 @@ def test_a_held_batch_is_never_overwritten(tmp_path_factory, keep, workers, pref
     assert maps <= workers * (max(1, prefetch) + 2) + len(held)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("prefetch", [0, 2])
 def test_without_workers_a_batchs_memory_is_reused(tmp_path_factory, prefetch):
     # A corpus larger than the batches read from it: reading it leaves the allocator fresh memory to
