@@ -105,3 +105,21 @@ def over_reopened_parent(view):
     clone = copy.copy(view)
     clone.parent = parent
     return clone
+
+
+def over_reopened_children(view):
+    """:func:`over_reopened_parent` for a view of several ``children`` (a mix, a zip): itself where
+    none opens files of its own in a worker, else a copy over the reopened children.
+
+    Example:
+        >>> from portable_loader.dataset import Dataset
+        >>> ds = Dataset.concatenate([Dataset.range(2), Dataset.range(3)])
+        >>> over_reopened_children(ds) is ds
+        True
+    """
+    children = tuple(c.reopen() for c in view.children)
+    if all(a is b for a, b in zip(children, view.children)):
+        return view
+    clone = copy.copy(view)
+    clone.children = children
+    return clone

@@ -32,6 +32,7 @@ from typing import Sequence
 import numpy as np
 
 from portable_loader.dataset.base import Dataset, _plain, _qualified, as_indices, attributes_of, digest, within
+from portable_loader.dataset.remap import over_reopened_children
 
 __all__ = ["ConcatMap", "ProportionalMap", "Select", "concatenate", "mix_datasets", "select_from_datasets"]
 
@@ -238,9 +239,4 @@ class Select(Dataset):
         return (tuple(c.fingerprint() for c in self.children), self._map_id)
 
     def reopen(self) -> "Select":
-        children = tuple(c.reopen() for c in self.children)
-        if all(a is b for a, b in zip(children, self.children)):
-            return self
-        view = Select.__new__(Select)
-        view.__dict__.update(self.__dict__, children=children)
-        return view
+        return over_reopened_children(self)

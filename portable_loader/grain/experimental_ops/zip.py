@@ -22,6 +22,7 @@ from __future__ import annotations
 from typing import Sequence
 
 from portable_loader.dataset.base import Dataset, within
+from portable_loader.dataset.remap import over_reopened_children
 from portable_loader.dataset.iter.dataset import IterDataset
 
 __all__ = ["ZipIterDataset", "ZipMapDataset"]
@@ -67,12 +68,7 @@ class ZipMapDataset(Dataset):
         return ("zip", tuple(p.fingerprint() for p in self.children))
 
     def reopen(self) -> "ZipMapDataset":
-        children = tuple(p.reopen() for p in self.children)
-        if all(a is b for a, b in zip(children, self.children)):
-            return self
-        view = ZipMapDataset.__new__(ZipMapDataset)
-        view.__dict__.update(self.__dict__, children=children)
-        return view
+        return over_reopened_children(self)
 
     def __str__(self) -> str:
         return f"ZipMapDataset(parents={len(self.children)})"
