@@ -431,16 +431,19 @@ def test_the_first_bad_row_in_input_order_is_reported_whatever_worker_fails_firs
 
 
 JAX_PRECACHE = """
-import multiprocessing, warnings
+import json, multiprocessing, warnings
 warnings.simplefilter("error")               # a fork warning would fail the job
 import jax.numpy as jnp
+import psutil
 import portable_loader as pl
 from portable_loader.precache import sample_args
 jnp.arange(10.0).sum()                       # JAX's backend and its threads are running
 methods = []
 context = multiprocessing.get_context
 multiprocessing.get_context = lambda method=None: methods.append(method) or context(method)
-print(pl.precache(**sample_args(), out="cache", num_workers=2, rows_per_task=500), methods)
+path = pl.precache(**sample_args(), out="cache", num_workers=2, rows_per_task=500)
+servers = [p.cmdline()[-1] for p in psutil.Process().children() if "forkserver" in " ".join(p.cmdline())]
+print(json.dumps([path, methods, servers]))
 """
 
 
@@ -451,9 +454,14 @@ def test_precache_in_a_jax_process_does_not_fork(tmp_path):
     job.write_text(JAX_PRECACHE)  # no main guard: the workers must not run the script again
     r = subprocess.run([sys.executable, str(job)], cwd=tmp_path, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr
-    path, methods = r.stdout.split(" ", 1)
-    assert methods.strip() == "['forkserver']"
+    path, methods, servers = json.loads(r.stdout.splitlines()[-1])
+    assert methods == ["forkserver"]
     assert "fork" not in r.stderr.replace("forkserver", "")
+    # The server (one a process, whichever pool starts it) imports the package once for every worker it
+    # forks, the loader's later ones included; multiprocessing's default would preload nothing here.
+    from portable_loader.engine.workers import PRELOAD
+
+    assert len(servers) == 1 and str(PRELOAD) in servers[0], servers
     from portable_loader.precache import sample_args
 
     here = pl.precache(**sample_args(), out=str(tmp_path / "here"), num_workers=2, rows_per_task=500)

@@ -25,7 +25,6 @@ Example:
 from __future__ import annotations
 
 import contextlib
-import multiprocessing as mp
 import os
 import signal
 import sys
@@ -34,7 +33,7 @@ import uuid
 from collections import Counter
 
 from portable_loader.cache.writer import ShardWriter, record_digest
-from portable_loader.engine.workers import start_method, take_environment, without_main
+from portable_loader.engine.workers import get_context, start_method, take_environment, without_main
 from portable_loader.precache.plan import cpu_count
 from portable_loader.record_options import RecordOptions
 
@@ -198,7 +197,7 @@ def run_tasks(tasks: list, common: dict, num_workers: int | None, show_progress:
     from tqdm import tqdm
 
     method = _start_method()
-    ctx = mp.get_context(method)
+    ctx = get_context(method)
     global _progress, _common
     workers = max(1, min(cpu_count() if num_workers is None else num_workers, len(tasks)))
     progress = _progress = ctx.Array("q", len(tasks), lock=False)
