@@ -39,4 +39,7 @@ if [ "$(cat "$peers/.pins" 2>/dev/null)" != "$pins" ]; then
         "$py" -m pip install -q --disable-pip-version-check --no-deps --ignore-requires-python --target "$peers" $pins
     echo "$pins" > "$peers/.pins"
 fi
-exec "$py" -m pytest "$@"
+# Two pytest processes (pytest-xdist), a test module to each in turn, so that a module's fixtures are
+# built once: on 2 cores the suite's own jobs and workers leave a core idle for much of a one-process run
+# (3 processes took as long as 2). PORTABLE_LOADER_TEST_PROCESSES=N sets another count, 0 one process.
+exec "$py" -m pytest -n "${PORTABLE_LOADER_TEST_PROCESSES:-2}" --dist loadfile "$@"

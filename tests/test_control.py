@@ -2,7 +2,6 @@
 the skipped batches left out, resumes exactly, costs no reading, and refuses bad input (docs/loader.md)."""
 
 import json
-import time
 
 import numpy as np
 import pytest
@@ -155,16 +154,17 @@ def test_a_skip_of_100000_batches_reads_nothing_and_costs_no_replay():
         next(it)
         ref = next(pl.DataLoader(src, skip_batches=[(0, 100_001)], **kw).__iter__())
         reads.clear()
-        t = time.perf_counter()
         it.skip(100_000)
         got = next(it)
-        assert time.perf_counter() - t < 1.0
     assert same([got], [ref]) and len(reads) <= 8  # the one batch served, nothing for the skipped ones
-    t = time.perf_counter()
-    with iter(pl.DataLoader(src, skip_batches=[(3, 100_003)], **kw)) as it:
-        for _ in range(4):
-            next(it)
-    assert time.perf_counter() - t < 1.0
+    served = []
+    for skip in ([], [(3, 100_003)]):
+        reads.clear()
+        with iter(pl.DataLoader(src, skip_batches=skip, **kw)) as it:
+            for _ in range(4):
+                next(it)
+        served.append(len(reads))
+    assert served[1] <= served[0]  # what four batches read, nothing for the 100,000 skipped
 
 
 @pytest.mark.parametrize("bad, words", [

@@ -532,13 +532,15 @@ STRESS = os.path.join(os.path.dirname(HERE), "scripts", "exit_stress.py")
 
 @pytest.mark.slow
 def test_exit_stress_every_run_is_clean():
-    # scripts/exit_stress.py at a few runs a case (30 by hand): JaxLoader(DataLoader(prefetch=2),
+    # scripts/exit_stress.py at one run a case (30 by hand): JaxLoader(DataLoader(prefetch=2),
     # sharding, prefetch=2) dropped by a returning function while its thread builds the next batch,
     # 1 and 2 processes, with and without close(); 30 runs a case aborted 4 (1 process) and 1 (2 processes)
     # before the exit hook joined the threads that garbage collection had left running, none after.
+    # The suite's repeats of the same exits are test_jax_loader_left_open_exits_cleanly and
+    # test_two_process_jax_job_exits_without_closing; this keeps the script itself working.
     pytest.importorskip("jax")
     env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
-    r = subprocess.run([sys.executable, STRESS, "--runs", "3"], capture_output=True, text=True, env=env, timeout=900)
+    r = subprocess.run([sys.executable, STRESS, "--runs", "1"], capture_output=True, text=True, env=env, timeout=900)
     assert r.returncode == 0 and r.stderr == "", r.stdout + r.stderr
     assert [line.split()[:2] for line in r.stdout.splitlines()] == \
-        [[f"{case}:", "3/3"] for case in ("1:open", "1:close", "2:open", "2:close")], r.stdout
+        [[f"{case}:", "1/1"] for case in ("1:open", "1:close", "2:open", "2:close")], r.stdout

@@ -39,17 +39,24 @@ def test_the_split_modules_are_found():
 def test_each_module_imports_first_in_a_fresh_interpreter():
     # One interpreter per module would take minutes on a loaded machine; a fresh interpreter that
     # imports each module first, then drops every portable_loader module, checks the same thing.
+    # Importing any module runs the package's __init__ first, so a module that __init__ imports is
+    # checked by the package's own import (importing it again after would do nothing): only the others
+    # get a fresh start of their own.
     code = (
         "import importlib, json, sys\n"
         f"names = {_core_modules()!r}\n"
-        "failed = {}\n"
+        "failed, by_package = {}, set()\n"
         "for name in names:\n"
+        "    if name in by_package:\n"
+        "        continue\n"
         "    for m in [m for m in sys.modules if m == 'portable_loader' or m.startswith('portable_loader.')]:\n"
         "        del sys.modules[m]\n"
         "    try:\n"
         "        importlib.import_module(name)\n"
         "    except Exception as e:\n"
         "        failed[name] = f'{type(e).__name__}: {e}'\n"
+        "    if name == 'portable_loader':\n"
+        "        by_package = {m for m in sys.modules if m.startswith('portable_loader.')}\n"
         f"heavy = sorted(m for m in {HEAVY!r} if m in sys.modules)\n"
         "print(json.dumps([failed, heavy]))\n"
     )

@@ -2,7 +2,6 @@
 independence, every record (or token) once per epoch, O(1) state, refusal of foreign states, no leaks."""
 
 import json
-import os
 import signal
 import threading
 
@@ -17,6 +16,7 @@ from portable_loader.orders.sampler import LCGSampler
 from portable_loader import collate as C
 from portable_loader.engine import WorkerError
 from conftest import loader_processes
+from test_exit import held_shm, made_by, shm
 
 TOKEN_BASE = 10_000  # record r's tokens are r*TOKEN_BASE + 0, 1, 2, ...: every token is unique
 
@@ -350,9 +350,12 @@ class Exploding:
 
 
 def resources():
+    """Worker processes, threads, and the /dev/shm entries this process and its workers made or hold
+    (the machine is shared: other programs' entries come and go and are not counted)."""
     children = loader_processes()
-    shm = set(os.listdir("/dev/shm")) if os.path.isdir("/dev/shm") else set()
-    return len(children), threading.active_count(), shm
+    procs = [psutil.Process(), *children]
+    held, pids = held_shm(procs), {str(p.pid) for p in procs}
+    return len(children), threading.active_count(), {e for e in shm() if made_by(e, pids, held, tag="none")}
 
 
 def assert_no_leaks(before):

@@ -26,12 +26,21 @@ def not_mod(m, r, x):
     return int(np.sum(x)) % m != r
 
 
+CALLS = {"map": 0}  # calls of counted and Counted in this process
+
+
 def jitter(x, rng):
     return x + rng.integers(0, 1000)
 
 
 def plus_index(i, x):
     return x + 7 * i
+
+
+def counted(x):
+    """The identity, counting its calls in this process (``CALLS``): how a test sees that nothing was replayed."""
+    CALLS["map"] += 1
+    return x
 
 
 def fail_at_13(x):
@@ -76,6 +85,16 @@ class NotMod3(pg.transforms.Filter):
 class Jitter(pg.transforms.RandomMap):
     def random_map(self, x, rng):
         return x + int(rng.integers(1000))
+
+
+class Counted(pg.transforms.Map):
+    """The identity, counting its calls in this process (in a module global: an object's own attributes
+    are part of its identity, and a count there would make each new loader a different pipeline)."""
+
+    def map(self, x):
+        CALLS["map"] += 1
+        return x
+
 
 
 class PlusIndex(pg.transforms.MapWithIndex):
