@@ -195,7 +195,7 @@ def run_ray_tasks(tasks: list, record, backend: str, tokenizer_files: str, dest:
         # the ledger came up after the tasks did): wait a little for every finished task's start.
         deadline = time.monotonic() + 5
         while True:
-            new = _read(ray, ledger, len(starts))
+            new = _read(ray, ledger, len(starts), patience=60)
             if new is None:  # the ledger is gone: what it recorded is unknown, not zero
                 starts = None
                 break
@@ -225,12 +225,18 @@ def run_ray_tasks(tasks: list, record, backend: str, tokenizer_files: str, dest:
     return results, {"num_workers": int(ray.cluster_resources().get("CPU", 0)), "retried": retried, "nodes": nodes}
 
 
-def _read(ray, ledger, since: int) -> list | None:
-    """Starts recorded since the ``since``-th; None if the ledger is unreachable (it only informs)."""
-    try:
-        return ray.get(ledger.read.remote(since), timeout=10)
-    except Exception:  # the driver's node lost, or a slow cluster: the counts are informational
-        return None
+def _read(ray, ledger, since: int, patience: float = 0.0) -> list | None:
+    """Starts recorded since the ``since``-th; None if the ledger is unreachable (it only informs).
+    A read that times out is asked again for ``patience`` seconds (a loaded cluster answers late)."""
+    deadline = time.monotonic() + patience
+    while True:
+        try:
+            return ray.get(ledger.read.remote(since), timeout=10)
+        except ray.exceptions.GetTimeoutError:
+            if time.monotonic() > deadline:
+                return None
+        except Exception:  # the driver's node lost: the counts are informational
+            return None
 
 
 def _get(ray, ref):
