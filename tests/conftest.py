@@ -65,14 +65,17 @@ def own_tokenizer_cache(tmp_path_factory):
 @pytest.fixture(scope="session", autouse=True)
 def one_forkserver_for_the_run():
     """The run's forkserver, started first, importing once what the workers of its tests import (the
-    package, as the loader's own does, and the tests' shared modules); a worker it forks then starts
-    without importing them again (several times faster: most of the suite's worker starts)."""
+    package, as the loader's own does, the tests' shared modules, transformers' tokenizer class that
+    precache's workers load); a worker it forks then starts without importing them again (several
+    times faster: most of the suite's worker starts)."""
     import multiprocessing
     import multiprocessing.forkserver
 
     from portable_loader.engine.workers import PRELOAD
 
-    multiprocessing.set_forkserver_preload([*PRELOAD, "numpy", "psutil", "hypothesis", "conftest", "worker_fns"])
+    # (The tokenizer class's module under transformers 5 and 4: the server skips one it cannot import.)
+    tokenizers = ["transformers.tokenization_utils_tokenizers", "transformers.tokenization_utils_fast"]
+    multiprocessing.set_forkserver_preload([*PRELOAD, "numpy", "psutil", "hypothesis", "conftest", "worker_fns", *tokenizers])
     multiprocessing.forkserver.ensure_running()
 
 

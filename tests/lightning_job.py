@@ -1,4 +1,5 @@
 """A tiny Lightning run on CPU that records what training_step received; shared by test_lightning.py
+and test_lightning_hooks.py (which import it inside their tests: Lightning takes seconds to import),
 and run as a script for the DDP case:
 
     python lightning_job.py CACHE OUT_DIR RESULT_PREFIX [CKPT | early]
@@ -80,6 +81,54 @@ class TinyLM(L.LightningModule):
 
     def configure_optimizers(self):
         return torch.optim.Adam(self.parameters(), lr=1e-2)
+
+
+class Module(TinyLM):
+    """Without train_dataloader(): the loader comes from fit(train_dataloaders=...) or a DataModule."""
+
+    train_dataloader = L.LightningModule.train_dataloader
+
+
+class DataModule(L.LightningDataModule):
+    def __init__(self, cache):
+        super().__init__()
+        self.cache = cache
+
+    def train_dataloader(self):
+        return TorchLoader(make_loader(self.cache, "serial"), async_collation=False)
+
+
+# The hooks' cases (test_lightning_hooks.py).
+
+
+class Watch(L.Callback):
+    """What a checkpoint taken at the end of each batch would store, and the loader's class then."""
+
+    def __init__(self):
+        self.states, self.classes = [], []
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        self.states.append(trainer.train_dataloader.state_dict())
+        self.classes.append(type(trainer.train_dataloader))
+
+
+class WithValidation(TinyLM):
+    def validation_step(self, batch, batch_idx):
+        self.validated = getattr(self, "validated", 0) + 1
+
+    def val_dataloader(self):
+        return TorchLoader(make_loader(self.cache, "serial", global_batch_size=4), async_collation=False)
+
+
+class OneEpochLoaders(TinyLM):
+    """A finite train loader (one loader epoch: 6 batches), made anew for every Lightning epoch."""
+
+    def train_dataloader(self):
+        return TorchLoader(finite(self.cache), async_collation=False)
+
+
+def finite(cache):
+    return pl.DataLoader(pl.open_cache(cache), global_batch_size=4, seq_len=64, seed=3, num_epochs=1)
 
 
 def trainer(out: str, *, max_steps: int, every: int, accum: int = 2, resume: bool = True, **kw) -> L.Trainer:

@@ -1,42 +1,51 @@
 """PortableTrainer: a real transformers.Trainer on CPU resumes from a checkpoint with the batches and
 losses of an uninterrupted run (across loader epochs, with gradient accumulation), in O(1)."""
 
+import functools
 import hashlib
+import importlib.util
 import json
 
 import pytest
 
-transformers = pytest.importorskip("transformers")
-pytest.importorskip("accelerate")
+import portable_loader as pl
+from conftest import SAMPLE
+from portable_loader.adapters.hf import state_file
+from portable_loader.adapters.torch import TorchLoader
 
-import portable_loader as pl  # noqa: E402
-from conftest import SAMPLE  # noqa: E402
-from portable_loader.adapters.hf import PortableTrainer, state_file  # noqa: E402
-from portable_loader.adapters.torch import TorchLoader  # noqa: E402
+# Skipped where the hf extra is missing, as pytest.importorskip would; without importing transformers'
+# Trainer here, where every test process collects this module (seconds), only where a test runs.
+pytestmark = pytest.mark.skipif(not all(importlib.util.find_spec(m) for m in ("transformers", "accelerate")),
+                                reason="needs transformers and accelerate (the hf extra)")
 
 
-class Recording(PortableTrainer):
-    """Records a digest of every batch the model is trained on, and how many batches the loader
-    had produced before the first training step."""
+@functools.cache
+def recording() -> type:
+    """A PortableTrainer that records a digest of every batch the model is trained on, and how many
+    batches the loader had produced before the first training step."""
+    from portable_loader.adapters.hf import PortableTrainer
 
-    def __init__(self, *a, **kw):
-        super().__init__(*a, **kw)
-        self.seen, self.fetched_before_first_step = [], None
-        original = self.train_loader.__class__.__next__
-        loader = self.train_loader
-        self.fetched = 0
+    class Recording(PortableTrainer):
+        def __init__(self, *a, **kw):
+            super().__init__(*a, **kw)
+            self.seen, self.fetched_before_first_step = [], None
+            original = self.train_loader.__class__.__next__
+            loader = self.train_loader
+            self.fetched = 0
 
-        def counting_next(tl):
-            self.fetched += 1
-            return original(tl)
+            def counting_next(tl):
+                self.fetched += 1
+                return original(tl)
 
-        loader.__class__ = type("CountingTorchLoader", (loader.__class__,), {"__next__": counting_next})
+            loader.__class__ = type("CountingTorchLoader", (loader.__class__,), {"__next__": counting_next})
 
-    def compute_loss(self, model, inputs, *args, **kwargs):
-        if self.fetched_before_first_step is None:
-            self.fetched_before_first_step = self.fetched
-        self.seen.append(hashlib.sha256(b"".join(inputs[k].cpu().numpy().tobytes() for k in sorted(inputs))).hexdigest())
-        return super().compute_loss(model, inputs, *args, **kwargs)
+        def compute_loss(self, model, inputs, *args, **kwargs):
+            if self.fetched_before_first_step is None:
+                self.fetched_before_first_step = self.fetched
+            self.seen.append(hashlib.sha256(b"".join(inputs[k].cpu().numpy().tobytes() for k in sorted(inputs))).hexdigest())
+            return super().compute_loss(model, inputs, *args, **kwargs)
+
+    return Recording
 
 
 @pytest.fixture(scope="module")
@@ -48,6 +57,7 @@ def cache(tmp_path_factory):
 
 def make_trainer(cache, out, max_steps=12, accum=2, async_collation=True):
     import torch
+    import transformers
 
     torch.manual_seed(0)
     config = transformers.LlamaConfig(vocab_size=1024, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
@@ -60,7 +70,7 @@ def make_trainer(cache, out, max_steps=12, accum=2, async_collation=True):
         logging_steps=1, report_to=[], use_cpu=True, seed=0, dataloader_num_workers=0, save_only_model=False,
         disable_tqdm=True,
     )
-    return Recording(model=model, args=args, train_loader=tl)
+    return recording()(model=model, args=args, train_loader=tl)
 
 
 def losses(trainer):

@@ -4,6 +4,7 @@ worker loading, gradient accumulation, loader and Lightning epochs, DDP on CPU; 
 refused at fit start."""
 
 import glob
+import importlib.util
 import json
 import os
 import socket
@@ -13,18 +14,19 @@ import sys
 import pytest
 import torch
 
-pytest.importorskip("lightning")
+from portable_loader.adapters.torch import TorchLoader
 
-import lightning as L  # noqa: E402
-from lightning_job import MODES, TinyLM, digest, make_cache, make_loader, trainer, weights  # noqa: E402
-
-from portable_loader.adapters.torch import TorchLoader  # noqa: E402
+# Lightning (and lightning_job, which imports it) only inside the tests: importing it costs seconds in
+# every test process that collects this module.
+pytestmark = pytest.mark.skipif(importlib.util.find_spec("lightning") is None, reason="needs lightning")
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 
 @pytest.fixture(scope="module")
 def cache(tmp_path_factory):
+    from lightning_job import make_cache
+
     return make_cache(str(tmp_path_factory.mktemp("c")))
 
 
@@ -48,6 +50,8 @@ class CountingLoader(TorchLoader):
 
 def plain(cache, mode, n, global_batch_size=4, shard=None):
     """The oracle: digests and states of the first ``n`` batches of a TorchLoader iterated by hand."""
+    from lightning_job import MODES, digest, make_loader
+
     loader = make_loader(cache, mode, global_batch_size)
     if shard is not None:
         loader = loader.with_shard(shard, 2)
@@ -61,6 +65,8 @@ def stored_state(ckpt):
 
 
 def fit(cache, out, mode, ckpt=None, **kw):
+    from lightning_job import TinyLM, trainer
+
     model = TinyLM(cache, mode, loader_cls=CountingLoader)
     t = trainer(str(out), **kw)
     t.fit(model, ckpt_path=ckpt)
@@ -71,6 +77,8 @@ def fit(cache, out, mode, ckpt=None, **kw):
 @pytest.mark.slow
 @pytest.mark.parametrize("mode", ["serial", "async", "workers"])
 def test_resume_from_mid_epoch_checkpoints_is_exact(cache, tmp_path, mode):
+    from lightning_job import weights
+
     # 6 optimizer steps of 2 micro-batches: 12 batches, two of the loader's epochs (one and a half with packing).
     full = fit(cache, tmp_path / "full", mode, max_steps=6, every=2)
     seen, states = plain(cache, mode, 12)
@@ -88,6 +96,8 @@ def test_resume_from_mid_epoch_checkpoints_is_exact(cache, tmp_path, mode):
 
 
 def test_lightning_epochs_cut_by_limit_train_batches_resume_exactly(cache, tmp_path):
+    from lightning_job import weights
+
     # Lightning epochs of 5 micro-batches (accumulation 2: steps after batches 2, 4, 5), counted by Lightning
     # as usual; checkpoints at an epoch's end and inside the next one.
     kw = dict(max_steps=7, every=1, limit_train_batches=5)
@@ -102,23 +112,10 @@ def test_lightning_epochs_cut_by_limit_train_batches_resume_exactly(cache, tmp_p
         assert weights(resumed) == weights(full)
 
 
-class Module(TinyLM):
-    """Without train_dataloader(): the loader comes from fit(train_dataloaders=...) or a DataModule."""
-
-    train_dataloader = L.LightningModule.train_dataloader
-
-
-class DataModule(L.LightningDataModule):
-    def __init__(self, cache):
-        super().__init__()
-        self.cache = cache
-
-    def train_dataloader(self):
-        return TorchLoader(make_loader(self.cache, "serial"), async_collation=False)
-
-
 @pytest.mark.parametrize("wiring", ["train_dataloaders", "datamodule"])
 def test_every_documented_wiring_is_tracked(cache, tmp_path, wiring):
+    from lightning_job import DataModule, Module, make_loader, trainer
+
     model = Module(cache, "serial")
     t = trainer(str(tmp_path), max_steps=3, every=2, accum=1)
     if wiring == "datamodule":
@@ -132,6 +129,8 @@ def test_every_documented_wiring_is_tracked(cache, tmp_path, wiring):
 
 
 def test_plain_torchloader_is_refused_at_fit_start(cache, tmp_path):
+    from lightning_job import Module, make_loader, trainer
+
     model = Module(cache, "serial")
     tl = TorchLoader(make_loader(cache, "serial"), async_collation=False)
     with pytest.raises(RuntimeError, match=r"Trainer\(callbacks=\[portable_loader\.adapters\.lightning\.ExactResume\(\)"):
@@ -184,6 +183,7 @@ def test_ddp_on_cpu_every_rank_resumes_its_slice(cache, tmp_path):
 
 def accelerate_run(cache, mode, out, *, resume=None, start=0, steps=6, accum=2):
     from accelerate import Accelerator
+    from lightning_job import MODES, TinyLM, make_loader
 
     acc = Accelerator(cpu=True, gradient_accumulation_steps=accum)
     model = TinyLM()
@@ -212,6 +212,8 @@ def accelerate_run(cache, mode, out, *, resume=None, start=0, steps=6, accum=2):
 @pytest.mark.slow
 @pytest.mark.parametrize("mode", ["serial", "async", "workers"])
 def test_accelerate_save_state_load_state_resumes_exactly(cache, tmp_path, mode):
+    from lightning_job import weights
+
     pytest.importorskip("accelerate")
     full = accelerate_run(cache, mode, tmp_path / "full")
     assert full.seen == plain(cache, mode, 12)[0]

@@ -2,39 +2,31 @@
 batch trained on at every step (also for a train loader reloaded each Lightning epoch), validation
 loaders need nothing, and a pytorch_lightning Trainer is told to use lightning.pytorch."""
 
+import importlib.util
 import json
 
 import pytest
 import torch
 
-pytest.importorskip("lightning")
+from portable_loader.adapters.torch import TorchLoader
+from test_lightning import plain
 
-import lightning as L  # noqa: E402
-from lightning_job import TinyLM, make_cache, make_loader, trainer  # noqa: E402
-
-from portable_loader.adapters.lightning import ExactResume  # noqa: E402
-from portable_loader.adapters.torch import TorchLoader  # noqa: E402
-from test_lightning import plain  # noqa: E402
+# Lightning (and lightning_job, which imports it) only inside the tests: importing it costs seconds in
+# every test process that collects this module.
+pytestmark = pytest.mark.skipif(importlib.util.find_spec("lightning") is None, reason="needs lightning")
 
 
 @pytest.fixture(scope="module")
 def cache(tmp_path_factory):
+    from lightning_job import make_cache
+
     return make_cache(str(tmp_path_factory.mktemp("c")))
-
-
-class Watch(L.Callback):
-    """What a checkpoint taken at the end of each batch would store, and the loader's class then."""
-
-    def __init__(self):
-        self.states, self.classes = [], []
-
-    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
-        self.states.append(trainer.train_dataloader.state_dict())
-        self.classes.append(type(trainer.train_dataloader))
 
 
 @pytest.mark.parametrize("mode", ["serial", "async"])
 def test_the_loader_keeps_its_class_and_its_state_follows_the_batch_trained_on(cache, tmp_path, mode):
+    from lightning_job import TinyLM, Watch, trainer
+
     watch = Watch()
     model = TinyLM(cache, mode)
     t = trainer(str(tmp_path), max_steps=5, every=5, accum=1)
@@ -46,15 +38,12 @@ def test_the_loader_keeps_its_class_and_its_state_follows_the_batch_trained_on(c
     assert set(watch.classes) == {TorchLoader} and type(t.train_dataloader) is TorchLoader
 
 
-class WithValidation(TinyLM):
-    def validation_step(self, batch, batch_idx):
-        self.validated = getattr(self, "validated", 0) + 1
-
-    def val_dataloader(self):
-        return TorchLoader(make_loader(self.cache, "serial", global_batch_size=4), async_collation=False)
-
-
 def test_validation_loaders_need_no_callback(cache, tmp_path):
+    import lightning as L
+    from lightning_job import WithValidation
+
+    from portable_loader.adapters.lightning import ExactResume
+
     model = WithValidation(cache, "serial")
     options = dict(accelerator="cpu", logger=False, enable_progress_bar=False, enable_model_summary=False,
                    limit_val_batches=3)
@@ -68,6 +57,8 @@ def test_validation_loaders_need_no_callback(cache, tmp_path):
 
 
 def test_a_pytorch_lightning_trainer_is_told_to_use_lightning_pytorch(cache):
+    from lightning_job import make_loader
+
     pytorch_lightning = pytest.importorskip("pytorch_lightning")
 
     class Module(pytorch_lightning.LightningModule):
@@ -89,20 +80,12 @@ def test_a_pytorch_lightning_trainer_is_told_to_use_lightning_pytorch(cache):
     assert json.loads(tl.state_dict()["portable_loader"])["step"] == 0  # refused before a batch was fetched
 
 
-class OneEpochLoaders(TinyLM):
-    """A finite train loader (one loader epoch: 6 batches), made anew for every Lightning epoch."""
-
-    def train_dataloader(self):
-        return TorchLoader(finite(self.cache), async_collation=False)
-
-
-def finite(cache):
-    import portable_loader as pl
-
-    return pl.DataLoader(pl.open_cache(cache), global_batch_size=4, seq_len=64, seed=3, num_epochs=1)
-
-
 def test_a_train_loader_reloaded_at_an_epoch_start_is_counted_too(cache, tmp_path):
+    import lightning as L
+    from lightning_job import OneEpochLoaders, Watch, finite
+
+    from portable_loader.adapters.lightning import ExactResume
+
     watch = Watch()
     model = OneEpochLoaders(cache, "serial")
     L.Trainer(accelerator="cpu", max_steps=9, reload_dataloaders_every_n_epochs=1, logger=False,

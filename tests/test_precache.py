@@ -458,11 +458,14 @@ def test_precache_in_a_jax_process_does_not_fork(tmp_path):
     assert methods == ["forkserver"]
     assert "fork" not in r.stderr.replace("forkserver", "")
     # The server (one a process, whichever pool starts it) imports the package once for every worker it
-    # forks, the loader's later ones included; multiprocessing's default would preload nothing here.
+    # forks, the loader's later ones included, and the tokenizer's class that each worker loads;
+    # multiprocessing's default would preload nothing here.
     from portable_loader.engine.workers import PRELOAD
-
-    assert len(servers) == 1 and str(PRELOAD) in servers[0], servers
     from portable_loader.precache import sample_args
+    from portable_loader.tokenize import load_tokenizer
+
+    module = type(load_tokenizer(sample_args()["tokenizer"])).__module__
+    assert len(servers) == 1 and str([*PRELOAD, module]) in servers[0], servers
 
     here = pl.precache(**sample_args(), out=str(tmp_path / "here"), num_workers=2, rows_per_task=500)
     assert os.path.basename(here) == os.path.basename(path)

@@ -10,8 +10,10 @@ import pytest
 import portable_loader as pl
 from portable_loader.errors import BadRowError
 from portable_loader.precache import build_cache
-from conftest import DATA, GPT2, PHI3, need
+from conftest import DATA, GPT2, NO_FORK, PHI3, need
 from test_many_files import ROWS, jsonl, shards
+
+pytestmark = NO_FORK  # its worker start after the suite's JAX tests once forked a JAX-running process
 
 GSM = dict(fields={"instruction": "question", "output": "answer"})
 CASES = {
@@ -203,11 +205,13 @@ def test_windows_the_main_process_tokenizes_reach_workers_without_a_second_token
     fresh = pl.tokenized(tmp_path / "d.jsonl", tokenizer=need(GPT2), format="text")
     ds.lengths(range(5))
     assert not os.path.exists(ds._spill.dir)  # no child process to read it: nothing handed over
-    child = multiprocessing.get_context("fork").Process(target=time.sleep, args=(60,))  # a worker, idle
+    # A worker, idle; started as the loader starts its own where this process may run JAX (a fork
+    # here, after the suite's JAX tests, is the deadlock-prone fork JAX warns of).
+    child = multiprocessing.get_context("forkserver").Process(target=time.sleep, args=(60,))
     child.start()
     for w in range(1, spill.KEEP + 2):  # more windows than the hand-over keeps
         ds.lengths(range(5 * w, 5 * w + 5))
-    child.kill()  # not terminate(): a bare fork keeps the parent's SIGTERM handler (Ray's, after the Ray tests)
+    child.kill()
     child.join()
     worker = pickle.loads(pickle.dumps(ds))  # what a spawned worker gets: a reader, no tokenizer
     kept = range(10, 5 * (spill.KEEP + 2))

@@ -135,16 +135,19 @@ def start_method(sources=(), unsafe: str | None = None) -> str:
 PRELOAD = ["portable_loader.engine.workers", "portable_loader.engine.processes", "portable_loader.precache.engine"]
 
 
-def get_context(method: str):
-    """The multiprocessing context for ``method``, its forkserver (where that starts it) preloading ``PRELOAD``.
+def get_context(method: str, preload: list[str] = ()):
+    """The multiprocessing context for ``method``, its forkserver (where that starts it) preloading
+    ``PRELOAD`` and the caller's ``preload`` (what each of its workers would import otherwise).
 
     Example:
         >>> get_context("spawn").get_start_method()
         'spawn'
+        >>> get_context("forkserver", ["json"]).get_start_method()
+        'forkserver'
     """
     ctx = mp.get_context(method)
     if method == "forkserver":
-        ctx.set_forkserver_preload(PRELOAD)
+        ctx.set_forkserver_preload([*PRELOAD, *preload])
     return ctx
 
 

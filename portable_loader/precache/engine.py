@@ -197,7 +197,10 @@ def run_tasks(tasks: list, common: dict, num_workers: int | None, show_progress:
     from tqdm import tqdm
 
     method = _start_method()
-    ctx = get_context(method)
+    # Every worker loads the tokenizer: its class's module (transformers', over a second of import) is
+    # imported once by the forkserver where this pool starts it, not once a worker.
+    tok = cached_tokenizer(common["record"], common["tokenizer_files"])
+    ctx = get_context(method, [type(tok).__module__])
     global _progress, _common
     workers = max(1, min(cpu_count() if num_workers is None else num_workers, len(tasks)))
     progress = _progress = ctx.Array("q", len(tasks), lock=False)
