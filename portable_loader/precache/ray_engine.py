@@ -35,6 +35,7 @@ import sys
 import tempfile
 import time
 import uuid
+import warnings
 from collections import Counter
 
 from portable_loader.errors import PortableLoaderError
@@ -227,16 +228,21 @@ def run_ray_tasks(tasks: list, record, backend: str, tokenizer_files: str, dest:
 
 def _read(ray, ledger, since: int, patience: float = 0.0) -> list | None:
     """Starts recorded since the ``since``-th; None if the ledger is unreachable (it only informs).
-    A read that times out is asked again for ``patience`` seconds (a loaded cluster answers late)."""
+    A read that fails otherwise than by the ledger's death (a loaded cluster answers late, or has the
+    actor briefly unavailable) is asked again for ``patience`` seconds."""
     deadline = time.monotonic() + patience
     while True:
         try:
             return ray.get(ledger.read.remote(since), timeout=10)
-        except ray.exceptions.GetTimeoutError:
-            if time.monotonic() > deadline:
-                return None
-        except Exception:  # the driver's node lost: the counts are informational
+        except ray.exceptions.ActorDiedError:  # the driver's node lost: the counts are informational
             return None
+        except Exception as e:  # noqa: BLE001 - any other failure may pass: ask again while patient
+            if time.monotonic() > deadline:
+                if patience:
+                    warnings.warn(f"precache on Ray: the tasks' start counts are unknown ({type(e).__name__}: {e})",
+                                  RuntimeWarning, stacklevel=2)
+                return None
+            time.sleep(0.1)
 
 
 def _get(ray, ref):
