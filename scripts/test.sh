@@ -42,4 +42,5 @@ fi
 # Two pytest processes (pytest-xdist), a test module to each in turn, so that a module's fixtures are
 # built once: on 2 cores the suite's own jobs and workers leave a core idle for much of a one-process run
 # (3 processes took as long as 2). PORTABLE_LOADER_TEST_PROCESSES=N sets another count, 0 one process.
+# Modules go out in the collection's order, the longest first (tests/conftest.py, LONG_FIRST).
 exec "$py" -m pytest -n "${PORTABLE_LOADER_TEST_PROCESSES:-2}" --dist loadfile --no-loadscope-reorder "$@"

@@ -161,6 +161,16 @@ def ledger_starts(timeout=120) -> list:
     return []
 
 
+def ledger_node() -> str:
+    """The node id of the running build's ledger actor."""
+
+    def where(actor):
+        return ray.get_runtime_context().get_node_id()
+
+    names = [n for n in ray.util.list_named_actors() if n.startswith("portable_loader-precache-")]
+    return ray.get(ray.get_actor(names[0]).__ray_call__.remote(where), timeout=60)
+
+
 @pytest.mark.slow
 def test_node_lost_mid_run_reruns_its_tasks_and_the_cache_is_identical(inputs, local, cluster, tmp_path):
     c, workers = cluster
@@ -184,6 +194,9 @@ def test_node_lost_mid_run_reruns_its_tasks_and_the_cache_is_identical(inputs, l
     while thread.is_alive() and time.monotonic() < deadline and victim not in {n for _, n in ledger_starts(5)}:
         time.sleep(0.01)
     assert thread.is_alive(), f"the build ended before a node could be removed: {got}"
+    # The ledger lives on the driver's node (with soft affinity Ray put it on another one about every
+    # other run, and a lost node then lost the counts).
+    assert ledger_node() == ray.get_runtime_context().get_node_id()
     c.remove_node(victim)
     thread.join(300)
     workers.append(c.add_node())  # for the tests after this one

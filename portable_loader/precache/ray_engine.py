@@ -157,7 +157,9 @@ def run_ray_tasks(tasks: list, record, backend: str, tokenizer_files: str, dest:
     ray = _connect(address)
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-    here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=True)
+    # The ledger on the driver's node, the one node whose loss ends the build anyway; soft affinity
+    # let Ray place it on another node, whose loss then lost every count.
+    here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)
     name = f"portable_loader-precache-{uuid.uuid4().hex[:12]}"  # ray.util.list_named_actors() lists it
     ledger = ray.remote(num_cpus=0, max_restarts=0)(_Ledger).options(name=name, scheduling_strategy=here).remote()
     remote = ray.remote(num_cpus=1, max_retries=_MAX_RETRIES, retry_exceptions=False)(_ray_task)
