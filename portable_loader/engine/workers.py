@@ -135,7 +135,7 @@ def start_method(sources=(), unsafe: str | None = None) -> str:
 PRELOAD = ["portable_loader.engine.workers", "portable_loader.engine.processes", "portable_loader.precache.engine"]
 
 
-def get_context(method: str, preload: list[str] = ()):
+def get_context(method: str, preload: tuple[str, ...] | list[str] = ()):
     """The multiprocessing context for ``method``, its forkserver (where that starts it) preloading
     ``PRELOAD`` and the caller's ``preload`` (what each of its workers would import otherwise).
 
