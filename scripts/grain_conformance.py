@@ -367,30 +367,39 @@ def _outcomes(path: Path) -> dict[str, dict]:
     return {x["id"]: x for x in lines}
 
 
-def run_all(runs: list[tuple[str, str]], outdir: Path, jobs: int, timeout: float) -> dict:
-    """Each (file, "real" or "ours") in its own process, ``jobs`` at a time; -> test id -> outcome line."""
-    pending, running, results = list(runs), [], {}
+def run_all(runs: list[tuple[str, str]], outdir: Path, jobs: int, timeout: float, together: bool = False) -> dict:
+    """Each (file, "real" or "ours") in its own process, ``jobs`` at a time; -> test id -> outcome line.
+
+    ``together``: the files of one library in one process instead (a process's start, Grain and JAX
+    imported, is most of a small file's time), each given ``timeout``; a file that leaves state behind
+    can then change the outcomes of the files after it.
+    """
+    groups = [([rel], impl) for rel, impl in runs]
+    if together:
+        groups = [([rel for rel, i in runs if i == impl], impl) for impl in dict.fromkeys(i for _, i in runs)]
+    pending, running, results = groups, [], {}
     while pending or running:
         while pending and len(running) < jobs:
-            rel, impl = pending.pop(0)
-            out = outdir / _out_name(rel, impl)
+            rels, impl = pending.pop(0)
             env = dict(os.environ, **{IMPL_ENV: impl})
-            proc = subprocess.Popen([sys.executable, __file__, "--run-file", rel, "--out", str(out)], env=env,
+            proc = subprocess.Popen([sys.executable, __file__, "--run-files", *rels, "--outdir", str(outdir)], env=env,
                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-            running.append(((rel, impl), out, proc, time.monotonic()))
+            running.append(((rels, impl), proc, time.monotonic()))
         time.sleep(0.2)
         for item in list(running):
-            rel, out, proc, start = item
-            late = time.monotonic() - start > timeout
+            (rels, impl), proc, start = item
+            late = time.monotonic() - start > timeout * len(rels)
             if proc.poll() is None and not late:
                 continue
             if late:
                 proc.kill()
             proc.wait()
             running.remove(item)
-            results[rel] = _outcomes(out)
-            if late:
-                results[rel]["<timeout>"] = {"id": "<timeout>", "outcome": "error", "error": f"killed after {timeout} s"}
+            for rel in rels:
+                results[(rel, impl)] = _outcomes(outdir / _out_name(rel, impl))
+                if late:
+                    results[(rel, impl)]["<timeout>"] = {"id": "<timeout>", "outcome": "error",
+                                                         "error": f"killed after {timeout * len(rels)} s"}
     return results
 
 
@@ -437,11 +446,12 @@ def main() -> None:
                    help="reuse these outcomes from --outdir where there (real Grain's do not change)")
     p.add_argument("--list", action="store_true", help="print every test left out and every failure")
     p.add_argument("--json", help="write the whole report here")
-    p.add_argument("--run-file", help=argparse.SUPPRESS)
-    p.add_argument("--out", help=argparse.SUPPRESS)
+    p.add_argument("--run-files", nargs="+", help=argparse.SUPPRESS)
     a = p.parse_args()
-    if a.run_file:
-        return run_file(a.run_file, Path(a.out))
+    if a.run_files:  # (a process of run_all: the library is the one IMPL_ENV names)
+        for rel in a.run_files:
+            run_file(rel, Path(a.outdir) / _out_name(rel, os.environ.get(IMPL_ENV, "real")))
+        return
     files = [f for f in FILES if not a.files or any(s in (f, Path(f).stem) for s in a.files)]
     outdir = Path(a.outdir)
     outdir.mkdir(parents=True, exist_ok=True)

@@ -43,4 +43,7 @@ fi
 # built once: on 2 cores the suite's own jobs and workers leave a core idle for much of a one-process run
 # (3 processes took as long as 2). PORTABLE_LOADER_TEST_PROCESSES=N sets another count, 0 one process.
 # Modules go out in the collection's order, the longest first (tests/conftest.py, LONG_FIRST).
+# Bytecode is written (Python's default, which some machines turn off): the suite starts hundreds of
+# interpreters, and each would otherwise compile the package's modules again (~0.35 s of CPU each).
+unset PYTHONDONTWRITEBYTECODE
 exec "$py" -m pytest -n "${PORTABLE_LOADER_TEST_PROCESSES:-2}" --dist loadfile --no-loadscope-reorder "$@"

@@ -37,6 +37,22 @@ LONG_FIRST = ["test_exit.py", "test_readme.py", "test_faults.py", "test_ray.py",
 assert all((ROOT / "tests" / name).is_file() for name in LONG_FIRST), "LONG_FIRST names a module that is gone"
 
 
+def pytest_configure(config):
+    """One JAX compilation cache for the whole run, empty at its start: the suite starts dozens of JAX
+    processes (trainers, docs examples, exit jobs) that compile the same programs, and a trainer's
+    compiles are half its CPU. Set here, in the process that starts the test processes, so that they and
+    every job they start inherit it; a cache the user set is kept."""
+    if hasattr(config, "workerinput") or "JAX_COMPILATION_CACHE_DIR" in os.environ:
+        return
+    import shutil
+    import tempfile
+
+    folder = tempfile.mkdtemp(prefix="portable-loader-tests-jax-cache-")
+    os.environ["JAX_COMPILATION_CACHE_DIR"] = folder
+    os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")  # (JAX's default: those over 1 s)
+    config.add_cleanup(lambda: shutil.rmtree(folder, ignore_errors=True))
+
+
 def pytest_collection_modifyitems(config, items):
     rank = {name: k for k, name in enumerate(LONG_FIRST)}
     items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # (stable: a module's own order is kept)

@@ -161,14 +161,19 @@ def ledger_starts(timeout=120) -> list:
     return []
 
 
-def ledger_node() -> str:
-    """The node id of the running build's ledger actor."""
+def ledger_node(timeout=120) -> str:
+    """The node id of the running build's ledger actor, once it is up."""
 
     def where(actor):
         return ray.get_runtime_context().get_node_id()
 
-    names = [n for n in ray.util.list_named_actors() if n.startswith("portable_loader-precache-")]
-    return ray.get(ray.get_actor(names[0]).__ray_call__.remote(where), timeout=60)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        names = [n for n in ray.util.list_named_actors() if n.startswith("portable_loader-precache-")]
+        if names:
+            return ray.get(ray.get_actor(names[0]).__ray_call__.remote(where), timeout=60)
+        time.sleep(0.05)
+    raise AssertionError("no ledger actor appeared")
 
 
 @pytest.mark.slow
@@ -189,14 +194,15 @@ def test_node_lost_mid_run_reruns_its_tasks_and_the_cache_is_identical(inputs, l
     workers.remove(victim)
     thread = threading.Thread(target=build)
     thread.start()
+    # The ledger lives on the driver's node (with soft affinity Ray put it on another one about every
+    # other run, and a lost node then lost the counts). Asked before the wait below, whose end must be
+    # followed at once by the removal: the build may end soon after the victim's first start.
+    assert ledger_node() == ray.get_runtime_context().get_node_id()
     # Wait until a task has started on the node to remove (the build's ledger says so), then kill it.
     deadline = time.monotonic() + 120
     while thread.is_alive() and time.monotonic() < deadline and victim not in {n for _, n in ledger_starts(5)}:
         time.sleep(0.01)
     assert thread.is_alive(), f"the build ended before a node could be removed: {got}"
-    # The ledger lives on the driver's node (with soft affinity Ray put it on another one about every
-    # other run, and a lost node then lost the counts).
-    assert ledger_node() == ray.get_runtime_context().get_node_id()
     c.remove_node(victim)
     thread.join(300)
     workers.append(c.add_node())  # for the tests after this one
