@@ -2,7 +2,7 @@
 and test_lightning_hooks.py (which import it inside their tests: Lightning takes seconds to import),
 and run as a script for the DDP case:
 
-    python lightning_job.py CACHE OUT_DIR RESULT_PREFIX [CKPT | early]
+    python lightning_job.py CACHE OUT_DIR RESULT_PREFIX [CKPT]
 
 (Lightning's DDP launcher starts rank 1 by running this same command again.)"""
 
@@ -146,13 +146,24 @@ def weights(model: torch.nn.Module) -> str:
 
 def main(cache: str, out: str, result: str, ckpt: str | None = None) -> None:
     torch.use_deterministic_algorithms(True)
+    # The resumed run also tries a mis-wired loader, built here, before the process group exists (it
+    # serves the whole batch), once its own fit is done: fit must refuse it. (Its own run would cost two
+    # more Lightning starts.)
+    early = TorchLoader(make_loader(cache, "async", global_batch_size=8)) if ckpt else None
     model = TinyLM(cache, "async")
     t = trainer(out, max_steps=4, every=2, devices=2, strategy="ddp")
-    if ckpt == "early":  # mis-wired: a loader built before the process group exists serves the whole batch
-        t.fit(model, train_dataloaders=TorchLoader(make_loader(cache, "async", global_batch_size=8)))
     t.fit(model, ckpt_path=ckpt)
     with open(f"{result}-rank{t.global_rank}.json", "w") as f:
         json.dump({"seen": model.seen, "losses": model.losses, "weights": weights(model)}, f)
+    if early is not None:
+        try:
+            trainer(f"{out}-early", max_steps=4, every=2, devices=2, strategy="ddp").fit(
+                TinyLM(cache, "async"), train_dataloaders=early)
+            refused = "fit took it"
+        except RuntimeError as e:
+            refused = str(e)
+        with open(f"{result}-rank{t.global_rank}-early.txt", "w") as f:
+            f.write(refused)
 
 
 if __name__ == "__main__":
