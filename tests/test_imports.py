@@ -70,6 +70,18 @@ def test_core_does_not_import_torch_jax_or_ray(module):
     assert _fresh_import(code) == []
 
 
+@pytest.mark.parametrize("backend", ["arrow", "array_record"])
+def test_a_precache_build_does_not_import_pandas(tmp_path, backend):
+    # pyarrow's pa.array() imports pandas (to ask whether it was handed a pandas object): half a second
+    # of CPU in every process that writes a shard, precache's workers included.
+    code = ("import json, sys, portable_loader as pl\n"
+            "from portable_loader.precache import sample_args\n"
+            f"path = pl.precache(**sample_args(), out={str(tmp_path)!r}, num_workers=0, backend={backend!r})\n"
+            "assert len(pl.open_cache(path)) == 2000\n"
+            "print(json.dumps('pandas' in sys.modules))")
+    assert _fresh_import(code) is False
+
+
 @pytest.mark.slow
 def test_a_plain_checkout_on_pythonpath_imports_the_adapters(tmp_path):
     # No install: site-packages' libraries stay reachable, but not the editable install's finder (a

@@ -35,6 +35,13 @@ _BATCH_TOKENS = 8 << 20
 ARRAY_RECORD_OPTIONS = "group_size:1,uncompressed"
 
 
+def _arrow(pa, values: np.ndarray):
+    """An Arrow array over ``values``' own buffer. (``pa.array`` first asks whether they are a pandas
+    object, which imports pandas: half a second of CPU in every process that writes a shard.)"""
+    values = np.ascontiguousarray(values)
+    return pa.Array.from_buffers(pa.from_numpy_dtype(values.dtype), len(values), [None, pa.py_buffer(values)])
+
+
 def shard_name(backend: str, index: int, count: int) -> str:
     """The file name of shard ``index`` of ``count``.
 
@@ -103,9 +110,9 @@ class ShardWriter:
             return
         pa = self._pa
         lengths = np.fromiter((a.size for a in self._ids), dtype=np.int64, count=len(self._ids))
-        offsets = pa.array(np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32))
-        ids = pa.ListArray.from_arrays(offsets, pa.array(np.concatenate(self._ids).astype(np.int32, copy=False)))
-        mask = pa.ListArray.from_arrays(offsets, pa.array(np.concatenate(self._mask).astype(np.uint8, copy=False)))
+        offsets = _arrow(pa, np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32))
+        ids = pa.ListArray.from_arrays(offsets, _arrow(pa, np.concatenate(self._ids).astype(np.int32, copy=False)))
+        mask = pa.ListArray.from_arrays(offsets, _arrow(pa, np.concatenate(self._mask).astype(np.uint8, copy=False)))
         self._writer.write_batch(pa.record_batch([ids, mask], schema=self._schema))
         self._ids, self._mask, self._tokens = [], [], 0
 
