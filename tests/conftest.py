@@ -38,10 +38,10 @@ assert all((ROOT / "tests" / name).is_file() for name in LONG_FIRST), "LONG_FIRS
 
 
 def pytest_configure(config):
-    """One JAX compilation cache for the whole run, empty at its start: the suite starts dozens of JAX
-    processes (trainers, docs examples, exit jobs) that compile the same programs, and a trainer's
-    compiles are half its CPU. Set here, in the process that starts the test processes, so that they and
-    every job they start inherit it; a cache the user set is kept."""
+    """One JAX compilation cache for the whole run, empty at its start: the suite's JAX trainers and
+    docs examples compile the same programs in process after process (half of a trainer's CPU). Set
+    here, in the process that starts the test processes, so that they and every job they start
+    inherit it; a cache the user set is kept."""
     if hasattr(config, "workerinput") or "JAX_COMPILATION_CACHE_DIR" in os.environ:
         return
     import shutil

@@ -161,28 +161,29 @@ def ledger_starts(timeout=120) -> list:
     return []
 
 
-def ledger_node(timeout=120) -> str:
-    """The node id of the running build's ledger actor, once it is up."""
+def ledger_node(build: threading.Thread) -> str | None:
+    """The node id of the running build's ledger actor, once it is up; None if the build ended first."""
 
     def where(actor):
         return ray.get_runtime_context().get_node_id()
 
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
+    while build.is_alive():
         names = [n for n in ray.util.list_named_actors() if n.startswith("portable_loader-precache-")]
-        if names:
-            return ray.get(ray.get_actor(names[0]).__ray_call__.remote(where), timeout=60)
+        try:
+            if names:
+                return ray.get(ray.get_actor(names[0]).__ray_call__.remote(where), timeout=60)
+        except (ValueError, ray.exceptions.RayActorError):  # the build ended and killed it meanwhile
+            pass
         time.sleep(0.05)
-    raise AssertionError("no ledger actor appeared")
+    return None
 
 
 @pytest.mark.slow
 def test_node_lost_mid_run_reruns_its_tasks_and_the_cache_is_identical(inputs, local, cluster, tmp_path):
     c, workers = cluster
-    out = tmp_path / "c"
     got = {}
 
-    def build():
+    def build(out):
         try:
             got["result"] = build_cache(str(inputs), out=out, engine="ray", ray_address=c.address,
                                         **options(rows_per_task=10))
@@ -192,17 +193,26 @@ def test_node_lost_mid_run_reruns_its_tasks_and_the_cache_is_identical(inputs, l
     # Not the node this driver is attached to (the build's ledger is there): any other may be lost.
     victim = next(w for w in workers[::-1] if w != ray.get_runtime_context().get_node_id())
     workers.remove(victim)
-    thread = threading.Thread(target=build)
-    thread.start()
-    # The ledger lives on the driver's node (with soft affinity Ray put it on another one about every
-    # other run, and a lost node then lost the counts). Asked before the wait below, whose end must be
-    # followed at once by the removal: the build may end soon after the victim's first start.
-    assert ledger_node() == ray.get_runtime_context().get_node_id()
-    # Wait until a task has started on the node to remove (the build's ledger says so), then kill it.
-    deadline = time.monotonic() + 120
-    while thread.is_alive() and time.monotonic() < deadline and victim not in {n for _, n in ledger_starts(5)}:
-        time.sleep(0.01)
-    assert thread.is_alive(), f"the build ended before a node could be removed: {got}"
+    # The build lasts seconds, and a loaded machine can start the victim's first task (a Ray worker
+    # process starting there) near its end: a build that ends before it is seen is run again.
+    for attempt in range(3):
+        got.clear()
+        thread = threading.Thread(target=build, args=(tmp_path / f"c{attempt}",))
+        thread.start()
+        # The ledger lives on the driver's node (with soft affinity Ray put it on another one about
+        # every other run, and a lost node then lost the counts).
+        node = ledger_node(thread)
+        assert node in (None, ray.get_runtime_context().get_node_id())
+        # Wait until a task has started on the node to remove (the build's ledger says so), then kill it.
+        deadline = time.monotonic() + 120
+        while thread.is_alive() and time.monotonic() < deadline and victim not in {n for _, n in ledger_starts(5)}:
+            time.sleep(0.01)
+        if node is not None and thread.is_alive():
+            break
+        thread.join(300)
+        assert "error" not in got, got.get("error")
+    else:
+        pytest.fail(f"3 builds ended before a node could be removed: {got}")
     c.remove_node(victim)
     thread.join(300)
     workers.append(c.add_node())  # for the tests after this one
