@@ -145,20 +145,25 @@ def test_ray_not_installed_is_a_clear_error(inputs, tmp_path):
     assert no_temp_left(tmp_path)
 
 
+def ask_ledger(ask, going):
+    """``ask(actor)``'s answer from the running build's ledger actor, asked again while ``going()``
+    (the ledger not up yet, ended between the listing and the call, or a loaded machine answering
+    late); None once ``going()`` is false."""
+    while going():
+        names = [n for n in ray.util.list_named_actors() if n.startswith("portable_loader-precache-")]
+        try:
+            if names:
+                return ray.get(ask(ray.get_actor(names[0])), timeout=10)
+        except (ValueError, ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError):
+            pass
+        time.sleep(0.05)
+    return None
+
+
 def ledger_starts(timeout=120) -> list:
     """The running build's task starts ``(task, node id)``, read from its ledger actor."""
     deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        names = [n for n in ray.util.list_named_actors() if n.startswith("portable_loader-precache-")]
-        if names:
-            try:
-                return ray.get(ray.get_actor(names[0]).read.remote(0), timeout=10)
-            except (ValueError, ray.exceptions.RayActorError):  # ended between the listing and the call
-                pass
-            except ray.exceptions.GetTimeoutError:  # a loaded machine: ask again until the deadline
-                pass
-        time.sleep(0.05)
-    return []
+    return ask_ledger(lambda actor: actor.read.remote(0), lambda: time.monotonic() < deadline) or []
 
 
 def ledger_node(build: threading.Thread) -> str | None:
@@ -167,15 +172,7 @@ def ledger_node(build: threading.Thread) -> str | None:
     def where(actor):
         return ray.get_runtime_context().get_node_id()
 
-    while build.is_alive():
-        names = [n for n in ray.util.list_named_actors() if n.startswith("portable_loader-precache-")]
-        try:
-            if names:
-                return ray.get(ray.get_actor(names[0]).__ray_call__.remote(where), timeout=60)
-        except (ValueError, ray.exceptions.RayActorError):  # the build ended and killed it meanwhile
-            pass
-        time.sleep(0.05)
-    return None
+    return ask_ledger(lambda actor: actor.__ray_call__.remote(where), build.is_alive)
 
 
 @pytest.mark.slow
